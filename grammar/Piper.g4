@@ -1,0 +1,82 @@
+// Piper's strategy language: the concrete syntax only. Meaning lives in lang/ (see docs/language.md).
+grammar Piper;
+
+file        : stmt* EOF ;
+
+stmt        : 'param' NAME '=' expr ';'                                   # paramStmt
+            | 'let' NAME '=' expr ';'                                     # letStmt
+            | 'mesh' (axisDef (',' axisDef)*)? ';'                        # meshStmt
+            | 'stream' NAME (',' NAME)* ';'                               # streamStmt
+            | 'use' STRING ('(' (binding (',' binding)*)? ')')? ';'       # useStmt
+            | 'assert' expr (',' STRING)? ';'                             # assertStmt
+            | ifChain                                                     # ifStmt
+            | 'for' NAME 'in' expr '..' expr block                        # forStmt
+            | 'place' selectors placeTarget streamClause? ';'             # placeStmt
+            | 'replicate' selectors 'over' axisRef replicateOpt* streamClause? ';' # replicateStmt
+            | 'shard' selectors 'over' axisRef streamClause? ';'          # shardStmt
+            | 'split' 'batch' 'into' expr ';'                             # splitStmt
+            | 'order' chain streamClause? ';'                             # orderStmt
+            | 'recompute' selectors ';'                                   # recomputeStmt
+            | 'precision' NAME ('for' selectors)? ';'                     # precisionStmt
+            ;
+
+ifChain     : 'if' expr block ('else' (ifChain | block))? ;
+block       : '{' stmt* '}' ;
+axisDef     : NAME '=' expr ;
+binding     : NAME '=' expr ;
+axisRef     : NAME ('=' expr)? ;
+streamClause: 'on' 'stream' NAME ;
+
+placeTarget : 'over' axisRef placeMode?                                   # placeOver
+            | 'on' coord (',' coord)*                                     # placeOn
+            ;
+placeMode   : 'contiguous'                                                # modeContiguous
+            | 'interleaved' '(' expr ')'                                  # modeInterleaved
+            | 'vshape'                                                    # modeVshape
+            ;
+coord       : NAME '=' expr ;
+
+replicateOpt: 'zero' expr                                                 # zeroOpt
+            | 'bucket' expr                                               # bucketOpt
+            ;
+
+selectors   : selector (',' selector)* ;
+selector    : '*'                                                         # allSelector
+            | pathPart ('.' pathPart)*                                    # pathSelector
+            ;
+pathPart    : NAME ('[' index ']')? ;
+index       : '*'                                                         # indexAll
+            | expr '..' expr                                              # indexRange
+            | expr                                                        # indexOne
+            ;
+
+chain       : group ('->' group)* ;
+group       : task ('||' task)* ;
+task        : NAME '(' (expr (',' expr)*)? ')' ;
+
+expr        : '(' expr ')'                                                # parenExpr
+            | NAME '(' (callArg (',' callArg)*)? ')'                      # callExpr
+            | op=('-' | 'not') expr                                       # unaryExpr
+            | expr op=('*' | '/' | '%') expr                              # mulExpr
+            | expr op=('+' | '-') expr                                    # addExpr
+            | expr op=('<' | '<=' | '>' | '>=') expr                      # cmpExpr
+            | expr op=('==' | '!=') expr                                  # eqExpr
+            | expr 'and' expr                                             # andExpr
+            | expr 'or' expr                                              # orExpr
+            | INT                                                         # intExpr
+            | SIZE                                                        # sizeExpr
+            | ('true' | 'false')                                          # boolExpr
+            | NAME                                                        # nameExpr
+            ;
+// len(layers) takes a selector; min/max take expressions. A bare name parses as a selector too.
+callArg     : expr | selector ;
+
+SIZE        : [0-9]+ ('KB' | 'MB' | 'GB' | 'KiB' | 'MiB' | 'GiB') ;
+INT         : [0-9]+ ;
+NAME        : [a-zA-Z_] [a-zA-Z_0-9]* ;
+STRING      : '"' ~["\r\n]* '"' ;
+COMMENT     : '#' ~[\r\n]* -> channel(HIDDEN) ;
+WS          : [ \t\r\n]+ -> skip ;
+// The parser never sees these two: the front end reports them in plain words before parsing.
+UNTERMINATED: '"' ~["\r\n]* -> channel(HIDDEN) ;
+BAD         : . -> channel(HIDDEN) ;

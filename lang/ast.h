@@ -1,0 +1,120 @@
+// The strategy language's syntax tree: what the parser builds and the checker walks.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "lang/source.h"
+
+namespace piper::ast {
+
+struct Expr;
+using ExprPtr = std::unique_ptr<Expr>;
+
+// A path into the model's region tree: `layers[0..3].moe.experts`, or `*` for the whole model.
+struct SelectorPart {
+  enum class Index { None, One, Range, All };
+  std::string name;
+  SourceLoc loc;  // covers the name and its index
+  Index index = Index::None;
+  ExprPtr lo, hi;  // One: lo; Range: lo..hi (inclusive)
+};
+struct Selector {
+  bool whole_model = false;  // `*`
+  std::vector<SelectorPart> parts;
+  SourceLoc loc;
+};
+
+struct CallArg {
+  ExprPtr expr;                    // min(a, b), or a bare name that may also be a selector
+  std::optional<Selector> selector;  // len(layers[*].moe.experts)
+};
+
+struct Expr {
+  enum class Kind { Int, Bool, Name, Unary, Binary, Call };
+  Kind kind;
+  SourceLoc loc;
+  int64_t int_value = 0;  // Int (sizes are already scaled to bytes)
+  bool bool_value = false;
+  std::string name;  // Name, Call (the function), Unary/Binary (the operator)
+  ExprPtr lhs, rhs;  // Unary uses lhs
+  std::vector<CallArg> args;
+};
+
+struct AxisRef {
+  std::string name;
+  ExprPtr size;  // optional `= expr`: a check that the mesh axis has this size
+  SourceLoc loc;
+};
+
+struct Binding {
+  std::string name;
+  ExprPtr value;
+  SourceLoc loc;
+};
+
+struct Task {
+  std::string kind;  // fwd, bwd, bwd_input, bwd_weight (checked later)
+  std::vector<ExprPtr> args;
+  SourceLoc loc;
+};
+using TaskGroup = std::vector<Task>;  // members run co-scheduled (`a || b`)
+
+struct Stmt;
+using StmtPtr = std::unique_ptr<Stmt>;
+using Block = std::vector<StmtPtr>;
+
+struct ParamStmt { std::string name; ExprPtr value; };
+struct LetStmt { std::string name; ExprPtr value; };
+struct MeshStmt { std::vector<Binding> axes; };
+struct StreamStmt { std::vector<std::pair<std::string, SourceLoc>> names; };
+struct UseStmt { std::string path; SourceLoc path_loc; std::vector<Binding> args; };
+struct AssertStmt { ExprPtr cond; std::string message; };
+struct IfStmt { ExprPtr cond; Block then_block; Block else_block; };
+struct ForStmt { std::string var; ExprPtr lo, hi; Block body; };
+struct PlaceStmt {
+  enum class Mode { On, Contiguous, Interleaved, VShape };
+  std::vector<Selector> regions;
+  Mode mode = Mode::On;
+  AxisRef axis;                  // for the `over` forms
+  ExprPtr chunks;                // interleaved(v)
+  std::vector<Binding> coords;   // for `on pp=0, ...`
+  std::optional<std::pair<std::string, SourceLoc>> stream;
+};
+struct ReplicateStmt {
+  std::vector<Selector> regions;
+  AxisRef axis;
+  ExprPtr zero, bucket;
+  std::optional<std::pair<std::string, SourceLoc>> stream;
+};
+struct ShardStmt {
+  std::vector<Selector> regions;
+  AxisRef axis;
+  std::optional<std::pair<std::string, SourceLoc>> stream;
+};
+struct SplitStmt { ExprPtr microbatches; };
+struct OrderStmt {
+  std::vector<TaskGroup> chain;  // group[0] -> group[1] -> ...
+  std::optional<std::pair<std::string, SourceLoc>> stream;
+};
+struct RecomputeStmt { std::vector<Selector> regions; };
+struct PrecisionStmt { std::string dtype; SourceLoc dtype_loc; std::vector<Selector> regions; };
+
+using StmtNode = std::variant<ParamStmt, LetStmt, MeshStmt, StreamStmt, UseStmt, AssertStmt, IfStmt,
+                              ForStmt, PlaceStmt, ReplicateStmt, ShardStmt, SplitStmt, OrderStmt,
+                              RecomputeStmt, PrecisionStmt>;
+
+struct Stmt {
+  SourceLoc loc;  // the statement's keyword
+  StmtNode node;
+};
+
+struct File {
+  FileId id = 0;
+  Block stmts;
+};
+
+}  // namespace piper::ast

@@ -1,0 +1,65 @@
+// The model's region manifest: the region tree, parameters, activation shapes and costs (docs/manifest.md).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lang/diagnostic.h"
+
+namespace piper {
+
+using RegionId = int32_t;
+
+enum class DType { F32, F16, BF16, I64, I32, U8 };
+std::optional<DType> dtype_from_name(std::string_view name);
+const char* dtype_name(DType t);
+int64_t dtype_bytes(DType t);
+
+struct TensorSpec {
+  std::vector<int64_t> shape;  // per sample: no batch dimension
+  DType dtype = DType::F32;
+};
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype = DType::F32;
+  int64_t bytes = 0;
+};
+
+struct Region {
+  std::string name;     // full dotted name; "" for the root
+  std::string leaf;     // last name component ("3" for layers.3)
+  std::string kind;     // e.g. embedding, block, attention, mlp, router, expert; "group" when implicit
+  bool implicit = false;  // an interior node named only by its descendants (e.g. `layers`)
+  RegionId parent = -1;
+  std::vector<RegionId> children;  // numeric children sorted by index
+  std::vector<ParamSpec> params;   // parameters owned directly by this region
+  std::optional<TensorSpec> input, output;
+  int64_t flops = 0;  // forward FLOPs per sample for this region alone
+};
+
+struct Manifest {
+  static constexpr int kVersion = 1;
+  int version = kVersion;
+  std::string model_name;
+  std::vector<Region> regions;     // regions[0] is the root
+  std::vector<RegionId> sequence;  // the top-level regions a pipeline cuts, in order
+
+  std::optional<RegionId> find(std::string_view dotted) const;
+  std::optional<RegionId> child(RegionId parent, std::string_view leaf) const;
+  // A list is a node whose children are named 0..n-1 (layers, experts).
+  bool is_list(RegionId r) const;
+  int64_t param_bytes(RegionId r) const;  // the whole subtree
+  int64_t param_count(RegionId r) const;
+  int64_t flops(RegionId r) const;        // the whole subtree
+  bool is_ancestor(RegionId a, RegionId b) const;  // a == b or a above b
+  // `layers[3].moe.experts[0]`: the selector text that names this region.
+  std::string selector_text(RegionId r) const;
+};
+
+// Parses and validates a manifest. Errors name the JSON path (e.g. regions[3].params[0].bytes).
+std::optional<Manifest> parse_manifest(FileId file, const SourceManager& sources, DiagnosticEngine& diags);
+
+}  // namespace piper

@@ -1,0 +1,21 @@
+// Parses strategy text into the syntax tree; syntax errors become plain-worded diagnostics.
+#pragma once
+#include <memory>
+
+#include "lang/ast.h"
+#include "lang/diagnostic.h"
+
+namespace piper {
+
+struct ParseLimits {
+  size_t max_bytes = 1 << 20;       // a strategy is a page of text, not a data file
+  size_t max_tokens = 200000;
+  size_t max_nesting = 64;          // brackets and blocks; deeper input is an error, not a stack overflow
+  size_t max_tree_depth = 400;      // long operator chains nest too
+};
+
+// Returns null when the file has syntax errors (all of them are reported).
+std::unique_ptr<ast::File> parse_strategy(FileId file, const SourceManager& sources,
+                                          DiagnosticEngine& diags, const ParseLimits& limits = {});
+
+}  // namespace piper

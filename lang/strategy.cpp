@@ -1,0 +1,117 @@
+#include "lang/strategy.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+namespace piper {
+
+const char* task_kind_name(TaskKind k) {
+  switch (k) {
+    case TaskKind::Fwd: return "fwd";
+    case TaskKind::Bwd: return "bwd";
+    case TaskKind::BwdInput: return "bwd_input";
+    case TaskKind::BwdWeight: return "bwd_weight";
+  }
+  return "?";
+}
+
+int64_t CheckedStrategy::axis_size(std::string_view axis) const {
+  for (const auto& a : mesh)
+    if (a.name == axis) return a.size;
+  return 1;
+}
+
+std::string print_regions(const std::vector<RegionId>& regions, const Manifest& m) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < regions.size();) {
+    RegionId r = regions[i];
+    RegionId parent = m.regions[r].parent;
+    const auto& siblings = m.regions[parent].children;
+    // Runs of consecutive list members print as a range: layers[0..3], or layers[*] for all of them.
+    if (parent > 0 && m.is_list(parent)) {
+      size_t pos = std::find(siblings.begin(), siblings.end(), r) - siblings.begin();
+      size_t j = i + 1;
+      while (j < regions.size() && pos + (j - i) < siblings.size() && regions[j] == siblings[pos + (j - i)]) ++j;
+      size_t len = j - i;
+      std::string base = m.selector_text(parent);
+      if (len == siblings.size()) parts.push_back(base + "[*]");
+      else if (len > 1) parts.push_back(fmt::format("{}[{}..{}]", base, pos, pos + len - 1));
+      else parts.push_back(m.selector_text(r));
+      i = j;
+      continue;
+    }
+    parts.push_back(m.selector_text(r));
+    ++i;
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+namespace {
+std::string stream_clause(const std::string& s) { return s.empty() ? "" : " on stream " + s; }
+
+std::string task_text(const Task& t) {
+  return fmt::format("{}({}, {})", task_kind_name(t.kind), t.stage, t.microbatch);
+}
+}  // namespace
+
+std::string print_strategy(const CheckedStrategy& s, const Manifest& m) {
+  std::string out = fmt::format("# checked strategy: {} rank{}, {} stage{}, {} microbatch{}\n", s.world,
+                                s.world == 1 ? "" : "s", s.stages.size(), s.stages.size() == 1 ? "" : "s",
+                                s.microbatches, s.microbatches == 1 ? "" : "es");
+  if (!s.params.empty()) {
+    std::vector<std::string> ps;
+    for (const auto& [n, v] : s.params) ps.push_back(fmt::format("{}={}", n, v));
+    out += fmt::format("# params: {}\n", fmt::join(ps, " "));
+  }
+  if (!s.mesh.empty()) {
+    std::vector<std::string> axes;
+    for (const auto& a : s.mesh) axes.push_back(fmt::format("{} = {}", a.name, a.size));
+    out += fmt::format("mesh {};\n", fmt::join(axes, ", "));
+  }
+  if (!s.streams.empty()) out += fmt::format("stream {};\n", fmt::join(s.streams, ", "));
+  for (const Directive& d : s.directives) {
+    std::visit(
+        [&](const auto& x) {
+          using T = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<T, PlaceDirective>) {
+            std::string target;
+            switch (x.mode) {
+              case PlaceDirective::Mode::On: target = fmt::format("on {} = {}", x.axis, x.coord); break;
+              case PlaceDirective::Mode::Contiguous: target = fmt::format("over {}", x.axis); break;
+              case PlaceDirective::Mode::Interleaved: target = fmt::format("over {} interleaved({})", x.axis, x.chunks); break;
+              case PlaceDirective::Mode::VShape: target = fmt::format("over {} vshape", x.axis); break;
+            }
+            out += fmt::format("place {} {}{};\n", print_regions(x.regions, m), target, stream_clause(x.stream));
+          } else if constexpr (std::is_same_v<T, ReplicateDirective>) {
+            out += fmt::format("replicate {} over {}", print_regions(x.regions, m), x.axis);
+            if (x.zero) out += fmt::format(" zero {}", x.zero);
+            if (x.bucket_bytes) out += fmt::format(" bucket {}", x.bucket_bytes);
+            out += stream_clause(x.stream) + ";\n";
+          } else if constexpr (std::is_same_v<T, ShardDirective>) {
+            out += fmt::format("shard {} over {}{};\n", print_regions(x.regions, m), x.axis, stream_clause(x.stream));
+          } else if constexpr (std::is_same_v<T, SplitDirective>) {
+            out += fmt::format("split batch into {};\n", x.microbatches);
+          } else if constexpr (std::is_same_v<T, OrderDirective>) {
+            std::vector<std::string> groups;
+            for (const auto& g : x.chain) {
+              std::vector<std::string> tasks;
+              for (const Task& t : g) tasks.push_back(task_text(t));
+              groups.push_back(fmt::format("{}", fmt::join(tasks, " || ")));
+            }
+            out += fmt::format("order {}{};\n", fmt::join(groups, " -> "), stream_clause(x.stream));
+          } else if constexpr (std::is_same_v<T, RecomputeDirective>) {
+            out += fmt::format("recompute {};\n", print_regions(x.regions, m));
+          } else if constexpr (std::is_same_v<T, PrecisionDirective>) {
+            const char* name = x.dtype == DType::BF16 ? "bf16" : "fp32";
+            if (x.regions == std::vector<RegionId>{0}) out += fmt::format("precision {};\n", name);
+            else out += fmt::format("precision {} for {};\n", name, print_regions(x.regions, m));
+          }
+        },
+        d.body);
+  }
+  return out;
+}
+
+}  // namespace piper

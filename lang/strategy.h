@@ -1,0 +1,107 @@
+// The checked strategy: directives as ordered, resolved records for ir/ to lower (nothing is lowered here).
+#pragma once
+#include <compare>
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "lang/manifest.h"
+#include "lang/source.h"
+
+namespace piper {
+
+struct MeshAxis {
+  std::string name;
+  int64_t size = 1;
+  SourceLoc loc;
+};
+
+enum class TaskKind { Fwd, Bwd, BwdInput, BwdWeight };
+const char* task_kind_name(TaskKind k);  // fwd, bwd, bwd_input, bwd_weight
+
+struct Task {
+  TaskKind kind = TaskKind::Fwd;
+  int64_t stage = 0;
+  int64_t microbatch = 0;
+  auto operator<=>(const Task&) const = default;
+};
+
+struct PlaceDirective {
+  enum class Mode { On, Contiguous, Interleaved, VShape };
+  Mode mode = Mode::On;
+  std::vector<RegionId> regions;  // pipeline (sequence) regions, in sequence order
+  std::string axis;
+  int64_t chunks = 1;  // Interleaved: model chunks (virtual stages) per rank
+  int64_t coord = 0;   // On: the coordinate on `axis`
+  std::string stream;
+};
+
+struct ReplicateDirective {
+  std::vector<RegionId> regions;
+  std::string axis;
+  int zero = 0;              // 0 plain data parallel; 1, 2, 3: ZeRO stage
+  int64_t bucket_bytes = 0;  // 0: no bucketing requested
+  std::string stream;
+};
+
+struct ShardDirective {
+  std::vector<RegionId> regions;  // list regions (e.g. each layer's experts) whose members are spread
+  std::string axis;
+  std::string stream;
+};
+
+struct SplitDirective {
+  int64_t microbatches = 1;
+};
+
+struct OrderDirective {
+  std::vector<std::vector<Task>> chain;  // each group happens before the next; a group is co-scheduled
+  std::string stream;
+};
+
+struct RecomputeDirective {
+  std::vector<RegionId> regions;
+};
+
+struct PrecisionDirective {
+  DType dtype = DType::F32;
+  std::vector<RegionId> regions;  // the root when it applies to the whole model
+};
+
+using DirectiveBody = std::variant<PlaceDirective, ReplicateDirective, ShardDirective, SplitDirective,
+                                   OrderDirective, RecomputeDirective, PrecisionDirective>;
+
+struct Directive {
+  SourceLoc loc;  // the statement (for orders: one record per instance, all at the statement)
+  DirectiveBody body;
+};
+
+// A pipeline stage: a maximal run of sequence regions placed together.
+struct Stage {
+  std::vector<RegionId> regions;
+  int64_t coord = 0;  // on the pipeline axis
+  int64_t chunk = 0;  // how many earlier stages share this coordinate (virtual stage index)
+};
+
+inline constexpr const char* kBuiltinStreams[] = {"compute", "comm"};
+
+struct CheckedStrategy {
+  int64_t world = 1;
+  std::vector<MeshAxis> mesh;  // declaration order; the first axis varies slowest over ranks
+  std::vector<std::string> streams;
+  std::vector<std::pair<std::string, int64_t>> params;  // final values, first declaration order
+  int64_t microbatches = 1;
+  std::string pipeline_axis;  // "" when nothing is placed
+  std::vector<Stage> stages;  // at least one
+  std::vector<Directive> directives;  // source order, loops unrolled, uses inlined
+
+  int64_t axis_size(std::string_view axis) const;  // 1 for an axis not in the mesh
+};
+
+// Canonical text: a strategy file that checks back to the same records.
+std::string print_strategy(const CheckedStrategy& s, const Manifest& m);
+// `layers[0..3]`, `embed, head`: compact selector text for a region list.
+std::string print_regions(const std::vector<RegionId>& regions, const Manifest& m);
+
+}  // namespace piper

@@ -1,0 +1,114 @@
+// piper-check: checks a strategy against a model before anyone spends GPU hours (thin CLI over lang/).
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <unistd.h>
+
+#include "lang/diagnostic_verifier.h"
+#include "lang/frontend.h"
+#include "lang/internal_error.h"
+#include "lang/report.h"
+
+namespace {
+
+using namespace piper;
+
+// What `--emit` can produce. Later stages add rows here (dag, schedule, ...), ninja-tool style.
+struct EmitMode {
+  const char* name;
+  const char* help;
+  std::function<std::string(const CheckedStrategy&, const Manifest&)> emit;
+};
+
+const std::vector<EmitMode>& emit_modes() {
+  static const std::vector<EmitMode> modes = {
+      {"report", "a summary of mesh, stages and directives (the default)",
+       [](const CheckedStrategy& s, const Manifest& m) { return strategy_report(s, m); }},
+      {"ast", "the checked strategy as canonical Piper text (loops unrolled, uses inlined)",
+       [](const CheckedStrategy& s, const Manifest& m) { return print_strategy(s, m); }},
+  };
+  return modes;
+}
+
+constexpr int kOk = 0, kInvalid = 1, kUsage = 2;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"piper-check: parse and check a Piper strategy against a model's region manifest"};
+  app.set_version_flag("--version", std::string("piper-check ") + PIPER_VERSION);
+  std::string model, strategy, emit = "report", output;
+  std::optional<int64_t> np, batch;
+  std::vector<std::string> sets, include_dirs;
+  bool verify = false, list_emits = false;
+  app.add_option("MODEL", model, "model.pt (TorchScript archive with piper/manifest.json) or a manifest .json");
+  app.add_option("STRATEGY", strategy, "strategy file (.piper)");
+  app.add_option("--np", np, "world size (number of ranks); default: the mesh's size");
+  app.add_option("--set", sets, "override a parameter: NAME=VALUE (repeatable)");
+  app.add_option("--batch-size", batch, "global batch size, checked to split over replicas and microbatches");
+  app.add_option("-I,--include", include_dirs, "extra folder to search for `use \"...\"` files (repeatable)");
+  app.add_option("--emit", emit, "what to print: report (default), ast; --list-emits lists them");
+  app.add_option("-o,--output", output, "write the emitted text to FILE instead of stdout");
+  app.add_flag("--list-emits", list_emits, "list the --emit modes and exit");
+  app.add_flag("--verify-diagnostics", verify,
+               "test mode: check the diagnostics against `# expected-error {{...}}` comments in the sources");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? kOk : kUsage;
+  }
+  if (list_emits) {
+    for (const auto& m : emit_modes()) fmt::print("{:<10} {}\n", m.name, m.help);
+    return kOk;
+  }
+  if (model.empty() || strategy.empty()) {
+    std::cerr << app.help() << "\npiper-check: error: MODEL and STRATEGY are required\n";
+    return kUsage;
+  }
+  auto mode = std::find_if(emit_modes().begin(), emit_modes().end(), [&](auto& m) { return emit == m.name; });
+  if (mode == emit_modes().end()) {
+    fmt::print(stderr, "piper-check: error: unknown --emit '{}' (see --list-emits)\n", emit);
+    return kUsage;
+  }
+
+  try {
+    SourceManager sources;
+    DiagnosticEngine diags(sources);
+    CommandLine cmd{np, sets, batch, include_dirs};
+    for (auto& d : default_search_path()) cmd.search_path.push_back(d);
+    FrontendResult r = run_frontend(model, strategy, cmd, sources, diags);
+    if (verify) {
+      if (r.status == FrontendStatus::IoError) {
+        fmt::print(stderr, "piper-check: error: {}\n", r.io_error);
+        return kUsage;
+      }
+      auto problems = verify_diagnostics(diags);
+      for (const auto& p : problems) std::cerr << p << (p.ends_with('\n') ? "" : "\n");
+      return problems.empty() ? kOk : kInvalid;
+    }
+    diags.print_all(std::cerr, isatty(2));
+    if (r.status == FrontendStatus::IoError) {
+      fmt::print(stderr, "piper-check: error: {}\n", r.io_error);
+      return kUsage;
+    }
+    if (r.status != FrontendStatus::Ok) return kInvalid;
+    std::string text = mode->emit(*r.strategy, *r.manifest);
+    if (emit == "report") text = fmt::format("{}: ok\n{}", strategy, text);
+    if (output.empty()) {
+      std::cout << text;
+    } else {
+      std::ofstream out(output);
+      if (!(out << text)) {
+        fmt::print(stderr, "piper-check: error: cannot write {}\n", output);
+        return kUsage;
+      }
+    }
+    return kOk;
+  } catch (const InternalError& e) {
+    fmt::print(stderr, "piper-check: {}\n", e.what());
+    return 3;
+  }
+}
