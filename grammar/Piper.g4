@@ -16,6 +16,7 @@ stmt        : 'param' NAME '=' expr ';'                                   # para
             | 'shard' selectors 'over' axisRef streamClause? ';'          # shardStmt
             | 'split' 'batch' 'into' expr ';'                             # splitStmt
             | 'order' chain streamClause? ';'                             # orderStmt
+            | 'sequence' block                                            # sequenceStmt
             | 'recompute' selectors ';'                                   # recomputeStmt
             | 'precision' NAME ('for' selectors)? ';'                     # precisionStmt
             ;

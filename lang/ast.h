@@ -100,12 +100,13 @@ struct OrderStmt {
   std::vector<TaskGroup> chain;  // group[0] -> group[1] -> ...
   std::optional<std::pair<std::string, SourceLoc>> stream;
 };
+struct SequenceStmt { Block body; };  // its orders run one after another, in evaluation order
 struct RecomputeStmt { std::vector<Selector> regions; };
 struct PrecisionStmt { std::string dtype; SourceLoc dtype_loc; std::vector<Selector> regions; };
 
 using StmtNode = std::variant<ParamStmt, LetStmt, MeshStmt, StreamStmt, UseStmt, AssertStmt, IfStmt,
                               ForStmt, PlaceStmt, ReplicateStmt, ShardStmt, SplitStmt, OrderStmt,
-                              RecomputeStmt, PrecisionStmt>;
+                              SequenceStmt, RecomputeStmt, PrecisionStmt>;
 
 struct Stmt {
   SourceLoc loc;  // the statement's keyword

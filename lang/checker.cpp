@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "lang/internal_error.h"
 #include "lang/parser.h"
@@ -73,6 +74,10 @@ struct PendingOrder {
   std::map<std::string, Var> env;
   std::vector<Note> context;
   std::string stream;
+  std::optional<size_t> prev;  // the order before this one in its `sequence` block
+  std::optional<std::vector<Task>> last_group;  // filled on expansion, for the next one in the sequence
+  bool in_sequence = false;
+  bool failed = false;
 };
 
 // Placement bookkeeping per pipeline region, for stages and "placed twice/never".
@@ -86,7 +91,7 @@ class Checker {
  public:
   Checker(const Manifest& m, const CheckOptions& o, SourceManager& s, DiagnosticEngine& d)
       : m_(m), opt_(o), sources_(s), diags_(d) {
-    for (const char* s : kBuiltinStreams) streams_[s] = SourceLoc{};
+    for (const char* name : kBuiltinStreams) streams_[name] = SourceLoc{};
   }
 
   std::optional<CheckedStrategy> run(FileId top) {
@@ -575,7 +580,9 @@ class Checker {
     if (!used) return;
     stack_.push_back(canon);
     diags_.push_context(s.loc, fmt::format("in strategy \"{}\" used here", u.path));
+    auto outer_sequences = std::exchange(sequences_, {});  // a used file's orders are its own
     run_file(*used, inner);
+    sequences_ = std::move(outer_sequences);
     diags_.pop_context();
     stack_.pop_back();
     for (const auto& [name, arg] : inner.args) {
@@ -838,9 +845,23 @@ class Checker {
     auto stream = check_stream(o.stream);
     if (!stream) return;
     // Tasks name stages, which exist only once every place has run: expand at the end.
-    pending_.push_back(PendingOrder{&o, s.loc, env.flatten(), diags_.context(), *stream});
+    PendingOrder p{&o, s.loc, env.flatten(), diags_.context(), *stream, std::nullopt, std::nullopt};
+    if (!sequences_.empty()) {
+      p.in_sequence = true;
+      p.prev = sequences_.back();
+      sequences_.back() = pending_.size();
+    }
+    pending_.push_back(std::move(p));
     out_.directives.push_back(Directive{s.loc, OrderDirective{}});
     pending_slots_.push_back(out_.directives.size() - 1);
+  }
+
+  void stmt(const ast::SequenceStmt& q, const ast::Stmt&, Env& env, UseContext& use, FileId file) {
+    sequences_.emplace_back();
+    env.frames.emplace_back();
+    run_block(q.body, env, use, file);
+    env.frames.pop_back();
+    sequences_.pop_back();
   }
 
   void stmt(const ast::RecomputeStmt& r, const ast::Stmt& s, Env& env, UseContext&, FileId) {
@@ -987,9 +1008,11 @@ class Checker {
     size_t next_pending = 0;
     for (size_t i = 0; i < out_.directives.size(); ++i) {
       if (next_pending < pending_slots_.size() && pending_slots_[next_pending] == i) {
-        const PendingOrder& p = pending_[next_pending++];
+        PendingOrder& p = pending_[next_pending++];
         for (const Note& n : p.context) diags_.push_context(n.loc, n.message);
+        size_t errors = diags_.error_count();
         expand(p, stages, expanded);
+        p.failed = diags_.error_count() > errors;
         for (size_t k = 0; k < p.context.size(); ++k) diags_.pop_context();
       } else {
         expanded.push_back(std::move(out_.directives[i]));
@@ -998,7 +1021,7 @@ class Checker {
     out_.directives = std::move(expanded);
   }
 
-  void expand(const PendingOrder& p, int64_t stages, std::vector<Directive>& out) {
+  void expand(PendingOrder& p, int64_t stages, std::vector<Directive>& out) {
     const int64_t mbs = out_.microbatches;
     // Validate task names and arities; find the free (quantified) variables and their domains.
     struct Free { std::string name; int64_t domain; };
@@ -1036,6 +1059,15 @@ class Checker {
     // One-argument tasks share an implicit stage: `fwd(i) || bwd(i-1)` pairs tasks of one stage.
     const std::string kImplicitStage = "$stage";
     if (one_arg) free.push_back({kImplicitStage, stages});
+
+    if (p.in_sequence && !free.empty()) {
+      diags_.error(p.loc, fmt::format("inside a sequence, orders name concrete tasks; '{}' is not defined",
+                                      free.front().name == kImplicitStage ? std::string("the stage") : free.front().name))
+          .note(SourceLoc{}, "bind it with a loop or let, or write fwd(stage, microbatch)");
+      return;
+    }
+    const PendingOrder* prev = p.prev ? &pending_[*p.prev] : nullptr;
+    if (prev && prev->failed) return;
 
     int64_t combos = 1;
     for (const auto& f : free)
@@ -1088,8 +1120,10 @@ class Checker {
         }
         d.chain.push_back(std::move(g));
       }
+      if (keep && prev && prev->last_group) d.chain.insert(d.chain.begin(), *prev->last_group);
       if (keep && !check_instance(p, d)) return;
       if (keep) {
+        p.last_group = d.chain.back();
         out.push_back(Directive{p.loc, std::move(d)});
         ++produced;
       }
@@ -1119,13 +1153,14 @@ class Checker {
           return false;
         }
         if (t.kind == TaskKind::Fwd) continue;
-        // A stage runs either full backwards or split ones (zero-bubble); mixing them is ambiguous.
+        // A microbatch's backward on a stage is whole (bwd) or split in two (zero-bubble), never both.
         bool split = t.kind != TaskKind::Bwd;
-        auto [it, fresh] = backward_form_.emplace(t.stage, std::make_pair(split, p.loc));
+        auto key = std::make_pair(t.stage, t.microbatch);
+        auto [it, fresh] = backward_form_.emplace(key, std::make_pair(split, p.loc));
         if (!fresh && it->second.first != split) {
-          diags_.error(p.loc, fmt::format("stage {} uses {} here but {} elsewhere; a stage's backward is either "
-                                          "whole (bwd) or split (bwd_input + bwd_weight)",
-                                          t.stage, split ? "bwd_input/bwd_weight" : "bwd",
+          diags_.error(p.loc, fmt::format("stage {} microbatch {} uses {} here but {} elsewhere; its backward is "
+                                          "either whole (bwd) or split (bwd_input + bwd_weight)",
+                                          t.stage, t.microbatch, split ? "bwd_input/bwd_weight" : "bwd",
                                           split ? "bwd" : "bwd_input/bwd_weight"))
               .note(it->second.second, "the other form is used here");
           return false;
@@ -1146,9 +1181,10 @@ class Checker {
   std::set<std::string> used_axes_;
   std::map<std::string, SourceLoc> replicate_axes_, shard_axes_;
   std::map<RegionId, Placed> placed_;
-  std::map<int64_t, std::pair<bool, SourceLoc>> backward_form_;
+  std::map<std::pair<int64_t, int64_t>, std::pair<bool, SourceLoc>> backward_form_;
   std::vector<PendingOrder> pending_;
   std::vector<size_t> pending_slots_;
+  std::vector<std::optional<size_t>> sequences_;  // per open `sequence` block: its latest order
   std::vector<std::string> stack_;
   std::map<std::string, const ast::File*> parsed_;
   std::vector<std::unique_ptr<ast::File>> owned_;

@@ -29,15 +29,24 @@ std::string DiagnosticEngine::render_one(Severity s, SourceLoc loc, const std::s
   const char* word = s == Severity::Error ? "error" : s == Severity::Warning ? "warning" : "note";
   const char* tint = s == Severity::Error ? "\033[1;31m" : s == Severity::Warning ? "\033[1;35m" : "\033[1;36m";
   std::string out;
-  std::string where = loc.file < sources_.size() ? sources_.name(loc.file) : "<unknown>";
-  if (loc.valid()) where += fmt::format(":{}:{}", loc.line, loc.col);
+  std::string where = loc.file < sources_.size() ? sources_.name(loc.file) + ": " : "";
+  if (loc.valid() && !where.empty()) where.insert(where.size() - 2, fmt::format(":{}:{}", loc.line, loc.col));
   if (color)
-    out += fmt::format("\033[1m{}: {}{}:\033[0m\033[1m {}\033[0m\n", where, tint, word, message);
+    out += fmt::format("\033[1m{}{}{}:\033[0m\033[1m {}\033[0m\n", where, tint, word, message);
   else
-    out += fmt::format("{}: {}: {}\n", where, word, message);
+    out += fmt::format("{}{}: {}\n", where, word, message);
   if (!loc.valid() || loc.file >= sources_.size()) return out;
   std::string_view line = sources_.line(loc.file, loc.line);
   if (line.empty()) return out;
+  // Show a window of very long lines around the column, so a caret stays readable.
+  constexpr uint32_t kWidth = 160;
+  std::string clipped;
+  if (line.size() > kWidth) {
+    uint32_t start = loc.col > kWidth / 2 ? loc.col - kWidth / 2 : 1;
+    clipped = (start > 1 ? "..." : "") + std::string(line.substr(start - 1, kWidth)) + "...";
+    loc.col = loc.col - start + 1 + (start > 1 ? 3 : 0);
+    line = clipped;
+  }
   out += fmt::format("{}\n", line);
   // Keep tabs so the caret lines up under the same column in a terminal.
   std::string pad;

@@ -72,6 +72,14 @@ class SyntaxErrors : public antlr4::BaseErrorListener {
       std::string want = friendly_token_set(m[1].str());
       text = fmt::format("expected {}", want.empty() ? "more input" : want);
       if (auto* prev = previous(offending)) text += fmt::format(" after {}", describe(prev));
+    } else if (std::regex_search(msg, m, std::regex("^(?:mismatched|extraneous) input .* expecting (.*)$")) &&
+               m[1].str().find("';'") != std::string::npos && previous(offending)) {
+      // A statement could have ended here: the likely fix is the ';' after the previous token.
+      const antlr4::Token* prev = previous(offending);
+      loc = tok_loc(file_, prev);
+      loc.col += loc.length;
+      loc.length = 1;
+      text = fmt::format("expected ';' after {}", describe(prev));
     } else if (std::regex_search(msg, m, std::regex("^(?:mismatched|extraneous) input .* expecting (.*)$"))) {
       std::string want = friendly_token_set(m[1].str());
       text = want.empty() ? fmt::format("unexpected {}", describe(offending))
@@ -193,6 +201,8 @@ class Builder {
       }
       o.stream = stream(p->streamClause());
       s->node = std::move(o);
+    } else if (auto* p = dynamic_cast<G::SequenceStmtContext*>(c)) {
+      s->node = ast::SequenceStmt{block(p->block()->stmt())};
     } else if (auto* p = dynamic_cast<G::RecomputeStmtContext*>(c)) {
       s->node = ast::RecomputeStmt{selectors(p->selectors())};
     } else if (auto* p = dynamic_cast<G::PrecisionStmtContext*>(c)) {

@@ -8,9 +8,10 @@
 namespace piper {
 
 using FileId = uint32_t;
+inline constexpr FileId kNoFile = UINT32_MAX;  // a diagnostic about no file in particular
 
 struct SourceLoc {
-  FileId file = 0;
+  FileId file = kNoFile;
   uint32_t line = 0;    // 1-based; 0 means "no location"
   uint32_t col = 0;     // 1-based, in bytes
   uint32_t length = 1;  // how many bytes the caret underlines

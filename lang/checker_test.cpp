@@ -1,0 +1,168 @@
+#include "lang/checker.h"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include "tests/lang_fixture.h"
+
+using namespace piper;
+using piper::testing::directives_of;
+using piper::testing::Front;
+
+namespace {
+std::vector<std::string> stage_text(const CheckedStrategy& s, const Manifest& m) {
+  std::vector<std::string> out;
+  for (const auto& st : s.stages)
+    out.push_back(fmt::format("{}@{}.{}", print_regions(st.regions, m), st.coord, st.chunk));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("contiguous placement cuts the pipeline into pp stages, embed and head join their neighbours") {
+  Front f;
+  auto s = f.check("mesh pp = 4;\nplace layers[*] over pp;\nplace embed on pp = 0;\nplace head on pp = 3;\n");
+  REQUIRE_MESSAGE(s, f.errors());
+  CHECK(s->world == 4);
+  CHECK(s->pipeline_axis == "pp");
+  CHECK(stage_text(*s, f.manifest) == std::vector<std::string>{"embed, layers[0..1]@0.0", "layers[2..3]@1.0",
+                                                               "layers[4..5]@2.0", "layers[6..7], head@3.0"});
+}
+
+TEST_CASE("interleaved placement deals chunks round-robin and V-shape folds back") {
+  Front f;
+  auto il = f.check("mesh pp = 2;\nplace embed on pp = 0;\nplace layers[*] over pp interleaved(2);\n"
+                    "place head on pp = 1;\n");
+  REQUIRE_MESSAGE(il, f.errors());
+  CHECK(stage_text(*il, f.manifest) == std::vector<std::string>{"embed, layers[0..1]@0.0", "layers[2..3]@1.0",
+                                                                "layers[4..5]@0.1", "layers[6..7], head@1.1"});
+  auto v = f.check("mesh pp = 2;\nplace embed on pp = 0;\nplace layers[*] over pp vshape;\nplace head on pp = 0;\n");
+  REQUIRE_MESSAGE(v, f.errors());
+  // Rank r holds stages r and 2p-1-r; the two stages at the bottom of the V stay two stages.
+  CHECK(stage_text(*v, f.manifest) == std::vector<std::string>{"embed, layers[0..1]@0.0", "layers[2..3]@1.0",
+                                                               "layers[4..5]@1.1", "layers[6..7], head@0.1"});
+}
+
+TEST_CASE("parameters: use arguments beat inherited names, which beat --set, which beats defaults") {
+  Front f;
+  CommandLine cmd;
+  cmd.sets = {"pp=2", "mb=4"};
+  auto s = f.check("use \"1f1b.piper\";\n", cmd);
+  REQUIRE_MESSAGE(s, f.errors());
+  CHECK(s->axis_size("pp") == 2);
+  CHECK(s->microbatches == 4);
+
+  auto inherited = f.check("param pp = 2;\nuse \"1f1b.piper\";\n");
+  REQUIRE_MESSAGE(inherited, f.errors());
+  CHECK(inherited->axis_size("pp") == 2);
+
+  cmd.sets = {"mb=4"};
+  auto arg = f.check("param mb = 2;\nuse \"1f1b.piper\" (pp = 2, mb = 3 * mb);\n", cmd);
+  REQUIRE_MESSAGE(arg, f.errors());
+  CHECK(arg->microbatches == 12);  // the outer mb took --set 4, then the argument tripled it
+}
+
+TEST_CASE("composing 1f1b with zero3 unions the meshes and keeps every directive") {
+  Front f;
+  CommandLine cmd;
+  cmd.np = 8;
+  cmd.sets = {"pp=4", "dp=2"};
+  auto s = f.check("use \"1f1b.piper\";\nuse \"zero3.piper\";\n", cmd);
+  REQUIRE_MESSAGE(s, f.errors());
+  REQUIRE(s->mesh.size() == 2);
+  CHECK(s->mesh[0].name == "pp");
+  CHECK(s->mesh[1].name == "dp");
+  auto reps = directives_of<ReplicateDirective>(*s);
+  REQUIRE(reps.size() == 1);
+  CHECK(reps[0]->zero == 3);
+  CHECK(reps[0]->bucket_bytes == 25 << 20);
+  CHECK(reps[0]->regions == std::vector<RegionId>{0});
+}
+
+TEST_CASE("free variables in an order range over stages and microbatches, out-of-range instances drop") {
+  Front f;
+  auto s = f.check("param pp = 4;\nparam mb = 8;\nmesh pp = pp;\nsplit batch into mb;\nplace embed on pp = 0;\n"
+                   "place layers[*] over pp;\nplace head on pp = 3;\norder bwd(s, i) -> fwd(s, i + pp - s);\n");
+  REQUIRE_MESSAGE(s, f.errors());
+  auto orders = directives_of<OrderDirective>(*s);
+  // Stage s has mb - (pp - s) instances: 4 + 5 + 6 + 7.
+  CHECK(orders.size() == 22);
+  CHECK(orders.front()->chain == std::vector<std::vector<Task>>{{{TaskKind::Bwd, 0, 0}}, {{TaskKind::Fwd, 0, 4}}});
+  CHECK(orders.back()->chain == std::vector<std::vector<Task>>{{{TaskKind::Bwd, 3, 6}}, {{TaskKind::Fwd, 3, 7}}});
+}
+
+TEST_CASE("the design card's line checks: experts sharded over ep=8, fwd(i) || bwd(i-1) on stream comm") {
+  Front f("moe8");
+  auto s = f.check("mesh ep = 8;\nsplit batch into 4;\nreplicate * over ep;\n"
+                   "shard layers[*].moe.experts over ep=8; order fwd(i) || bwd(i-1) on stream comm;\n");
+  REQUIRE_MESSAGE(s, f.errors());
+  auto orders = directives_of<OrderDirective>(*s);
+  REQUIRE(orders.size() == 3);  // i = 1, 2, 3 on the single stage
+  CHECK(orders[0]->chain == std::vector<std::vector<Task>>{{{TaskKind::Fwd, 0, 1}, {TaskKind::Bwd, 0, 0}}});
+  CHECK(orders[0]->stream == "comm");
+  auto shards = directives_of<ShardDirective>(*s);
+  REQUIRE(shards.size() == 1);
+  CHECK(shards[0]->regions.size() == 8);
+}
+
+TEST_CASE("a sequence chains its orders in evaluation order") {
+  Front f;
+  auto s = f.check("mesh pp = 2;\nsplit batch into 2;\nplace * over pp;\n"
+                   "sequence { for i in 0..1 { order fwd(0, i); } order bwd(0, 0) || fwd(1, 1); order bwd(0, 1); }\n");
+  REQUIRE_MESSAGE(s, f.errors());
+  auto orders = directives_of<OrderDirective>(*s);
+  REQUIRE(orders.size() == 4);
+  using G = std::vector<std::vector<Task>>;
+  CHECK(orders[0]->chain == G{{{TaskKind::Fwd, 0, 0}}});
+  CHECK(orders[1]->chain == G{{{TaskKind::Fwd, 0, 0}}, {{TaskKind::Fwd, 0, 1}}});
+  CHECK(orders[2]->chain == G{{{TaskKind::Fwd, 0, 1}}, {{TaskKind::Bwd, 0, 0}, {TaskKind::Fwd, 1, 1}}});
+  CHECK(orders[3]->chain == G{{{TaskKind::Bwd, 0, 0}, {TaskKind::Fwd, 1, 1}}, {{TaskKind::Bwd, 0, 1}}});
+}
+
+TEST_CASE("integer arithmetic: floor division, min/max, len, size units, short-circuit guards") {
+  Front f;
+  auto s = f.check(
+      "let a = -7 / 2;\nlet b = -7 % 2;\nlet n = len(layers);\nlet e = min(n, 3, max(1, 2));\n"
+      "assert a == -4 and b == 1 and n == 8 and e == 2, \"arithmetic\";\n"
+      "assert 1KiB == 1024 and 1MB == 1000000, \"units\";\n"
+      "let z0 = 0;\nassert z0 == 0 or 1 / z0 == 1, \"or short-circuits\";\n"
+      "assert not (z0 != 0 and 1 / z0 == 1), \"and short-circuits\";\n");
+  CHECK_MESSAGE(s, f.errors());
+}
+
+TEST_CASE("the world size: --np decides, mesh must match, and `world` needs it") {
+  Front f;
+  CommandLine cmd;
+  cmd.np = 8;
+  auto s = f.check("mesh pp = 2, dp = world / 2;\nplace * over pp;\nreplicate * over dp;\n", cmd);
+  REQUIRE_MESSAGE(s, f.errors());
+  CHECK(s->axis_size("dp") == 4);
+  CHECK(s->world == 8);
+
+  Front g;
+  CHECK(!g.check("mesh dp = world;\nreplicate * over dp;\n"));
+  CHECK(g.first_error().find("world size is not known") != std::string::npos);
+}
+
+TEST_CASE("--batch-size must split over data-parallel replicas and microbatches") {
+  Front f;
+  CommandLine cmd;
+  cmd.batch_size = 12;
+  CHECK(!f.check("mesh dp = 2;\nreplicate * over dp;\nsplit batch into 4;\n", cmd));
+  CHECK(f.first_error().find("does not split into 2 data-parallel replicas × 4 microbatches") != std::string::npos);
+  Front g;
+  cmd.batch_size = 16;
+  CHECK_MESSAGE(g.check("mesh dp = 2;\nreplicate * over dp;\nsplit batch into 4;\n", cmd), g.errors());
+}
+
+TEST_CASE("runaway loops stop with an error instead of hanging") {
+  Front f;
+  CHECK(!f.check("for i in 0..1000000000000 { let x = i; }\n"));
+  CHECK(f.first_error().find("exceeded") != std::string::npos);
+}
+
+TEST_CASE("orders are expanded after all placement, so they may precede place") {
+  Front f;
+  auto s = f.check("mesh pp = 2;\nsplit batch into 2;\norder fwd(1, 0) -> fwd(1, 1);\nplace * over pp;\n");
+  REQUIRE_MESSAGE(s, f.errors());
+  CHECK(directives_of<OrderDirective>(*s).size() == 1);
+}
