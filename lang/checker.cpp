@@ -315,7 +315,8 @@ class Checker {
           std::string hint = did_you_mean(part.name, child_names(r));
           if (hint.empty())
             if (auto below = find_below(r, part.name))
-              hint = fmt::format("; did you mean '{}{}{}'?", so_far, so_far.empty() ? "" : ".", *below);
+              hint = fmt::format("; did you mean '{}{}{}'?", so_far,
+                                 so_far.empty() || below->front() == '[' ? "" : ".", *below);
           auto& d = diags_.error(at, r == 0 ? fmt::format("unknown region '{}'{}", part.name, hint)
                                             : fmt::format("'{}' has no region '{}'{}", m_.selector_text(r),
                                                           part.name, hint));
@@ -410,6 +411,7 @@ class Checker {
 
   void run_block(const ast::Block& block, Env& env, UseContext& use, FileId file) {
     for (const auto& s : block) {
+      if (file == top_ && !first_stmt_.valid()) first_stmt_ = s->loc;
       if (!step(s->loc)) return;
       run_stmt(*s, env, use, file);
     }
@@ -463,12 +465,12 @@ class Checker {
       for (const Override& o : opt_.overrides) {
         if (o.name != p.name) continue;
         used_overrides_.insert(o.name);
+        // A bad override is reported; the default stands in so later uses do not cascade.
         v = parse_override(o);
-        if (!v) return;
-        if (v->type != fallback->type) {
+        if (v && v->type != fallback->type) {
           diags_.error(o.loc, fmt::format("--set {}: parameter '{}' is {}", o.name, o.name, type_name(fallback->type)))
               .note(loc, "declared here");
-          return;
+          v.reset();
         }
       }
     }
@@ -917,7 +919,7 @@ class Checker {
     std::vector<std::string> parts;
     for (const auto& a : out_.mesh) parts.push_back(fmt::format("{}={}", a.name, a.size));
     if (out_.mesh.empty()) {
-      diags_.error(SourceLoc{top_, 1, 1, 1},
+      diags_.error(first_stmt_.valid() ? first_stmt_ : SourceLoc{top_, 1, 1, 1},
                    fmt::format("the strategy declares no mesh, so it runs on 1 device, but the world has {} ranks",
                                out_.world))
           .note(SourceLoc{}, fmt::format("declare one, e.g. `mesh dp = {};`", out_.world));
@@ -1113,7 +1115,7 @@ class Checker {
               diags_.error(t.loc, fmt::format("{}({}, {}): {}", t.kind, task.stage, task.microbatch, why));
               return;
             }
-            out_of_range = why;
+            if (!out_of_range) out_of_range = why;
             keep = false;
           }
           g.push_back(task);
@@ -1188,7 +1190,7 @@ class Checker {
   std::vector<std::string> stack_;
   std::map<std::string, const ast::File*> parsed_;
   std::vector<std::unique_ptr<ast::File>> owned_;
-  SourceLoc first_mesh_, first_place_, split_loc_;
+  SourceLoc first_mesh_, first_place_, split_loc_, first_stmt_;
   size_t place_count_ = 0;
   int64_t steps_ = 0;
   bool budget_reported_ = false;

@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <regex>
+#include <set>
 
 #include "PiperLexer.h"
 #include "PiperParser.h"
@@ -56,7 +57,8 @@ std::string describe(const antlr4::Token* t) {
 
 class SyntaxErrors : public antlr4::BaseErrorListener {
  public:
-  SyntaxErrors(FileId f, DiagnosticEngine& d, antlr4::TokenStream* tokens) : file_(f), diags_(d), tokens_(tokens) {}
+  SyntaxErrors(FileId f, DiagnosticEngine& d, antlr4::TokenStream* tokens, std::set<size_t> lexical_lines)
+      : file_(f), diags_(d), tokens_(tokens), lexical_lines_(std::move(lexical_lines)) {}
   void syntaxError(antlr4::Recognizer*, antlr4::Token* offending, size_t line, size_t col,
                    const std::string& msg, std::exception_ptr) override {
     SourceLoc loc = offending ? tok_loc(file_, offending) : SourceLoc{file_, uint32_t(line), uint32_t(col + 1), 1};
@@ -90,6 +92,10 @@ class SyntaxErrors : public antlr4::BaseErrorListener {
       text = msg;
     }
     if (loc == last_loc_) return;  // ANTLR's recovery can report one spot twice
+    // A stray character or an open string already explains what the parser trips over next.
+    if (!lexical_lines_.empty() &&
+        (lexical_lines_.count(loc.line) || (offending && offending->getType() == antlr4::Token::EOF)))
+      return;
     last_loc_ = loc;
     diags_.error(loc, text);
   }
@@ -106,6 +112,7 @@ class SyntaxErrors : public antlr4::BaseErrorListener {
   FileId file_;
   DiagnosticEngine& diags_;
   antlr4::TokenStream* tokens_;
+  std::set<size_t> lexical_lines_;
   SourceLoc last_loc_;
 };
 
@@ -399,13 +406,16 @@ std::unique_ptr<ast::File> parse_strategy(FileId file, const SourceManager& sour
 
   // Lexical problems and nesting depth, checked before the (recursive) parser runs.
   size_t errors_before = diags.error_count();
+  std::set<size_t> lexical_lines;
   size_t depth = 0;
   bool too_deep = false;
   for (antlr4::Token* t : tokens.getTokens()) {
     if (t->getType() == grammar::PiperLexer::BAD) {
       diags.error(tok_loc(file, t), fmt::format("unexpected character '{}'", t->getText()));
+      lexical_lines.insert(t->getLine());
     } else if (t->getType() == grammar::PiperLexer::UNTERMINATED) {
       diags.error(tok_loc(file, t), "unterminated string: add the closing '\"' on the same line");
+      lexical_lines.insert(t->getLine());
     } else if (t->getChannel() == antlr4::Token::DEFAULT_CHANNEL) {
       const std::string tt = t->getText();
       if (tt == "(" || tt == "[" || tt == "{") {
@@ -422,7 +432,7 @@ std::unique_ptr<ast::File> parse_strategy(FileId file, const SourceManager& sour
 
   grammar::PiperParser parser(&tokens);
   parser.removeErrorListeners();
-  SyntaxErrors listener(file, diags, &tokens);
+  SyntaxErrors listener(file, diags, &tokens, std::move(lexical_lines));
   parser.addErrorListener(&listener);
   G::FileContext* tree = parser.file();
   if (diags.error_count() > errors_before) return nullptr;

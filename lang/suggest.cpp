@@ -22,12 +22,18 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 
 std::optional<std::string> closest_match(std::string_view word, const std::vector<std::string>& candidates) {
   std::optional<std::string> best;
-  size_t best_d = std::max<size_t>(1, word.size() / 3) + 1;  // allow about one typo per three letters
+  // About one typo per three letters (at least two), but never a rewrite of the whole word.
+  size_t limit = std::min(std::max<size_t>(2, word.size() / 3), word.size() > 0 ? word.size() - 1 : 0);
+  size_t best_d = limit + 1;
   for (const auto& c : candidates) {
     size_t d = edit_distance(word, c);
     if (d < best_d) best_d = d, best = c;
   }
-  return best;
+  if (best) return best;
+  // `maximum` for `max`: a candidate that the word starts with (or that starts with the word).
+  for (const auto& c : candidates)
+    if (c.size() >= 3 && word.size() >= 3 && (word.rfind(c, 0) == 0 || c.rfind(word, 0) == 0)) return c;
+  return std::nullopt;
 }
 
 std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates) {

@@ -47,9 +47,11 @@ int main(int argc, char** argv) {
   app.add_option("MODEL", model, "model.pt (TorchScript archive with piper/manifest.json) or a manifest .json");
   app.add_option("STRATEGY", strategy, "strategy file (.piper)");
   app.add_option("--np", np, "world size (number of ranks); default: the mesh's size");
-  app.add_option("--set", sets, "override a parameter: NAME=VALUE (repeatable)");
+  // One value per flag, so `--set a=1 MODEL STRATEGY` leaves the positionals alone.
+  app.add_option("--set", sets, "override a parameter: NAME=VALUE (repeatable)")->allow_extra_args(false);
   app.add_option("--batch-size", batch, "global batch size, checked to split over replicas and microbatches");
-  app.add_option("-I,--include", include_dirs, "extra folder to search for `use \"...\"` files (repeatable)");
+  app.add_option("-I,--include", include_dirs, "extra folder to search for `use \"...\"` files (repeatable)")
+      ->allow_extra_args(false);
   app.add_option("--emit", emit, "what to print: report (default), ast; --list-emits lists them");
   app.add_option("-o,--output", output, "write the emitted text to FILE instead of stdout");
   app.add_flag("--list-emits", list_emits, "list the --emit modes and exit");
