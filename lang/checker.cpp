@@ -595,6 +595,13 @@ class Checker {
 
   const ast::File* load(const std::string& canon) {
     if (auto it = parsed_.find(canon); it != parsed_.end()) return it->second;
+    std::error_code ec;
+    if (auto size = fs::file_size(canon, ec); ec || size > ParseLimits{}.max_bytes) {
+      diags_.error(SourceLoc{}, ec ? fmt::format("cannot read strategy {}: {}", canon, ec.message())
+                                   : fmt::format("{} is {} bytes, too large for a strategy", canon, size));
+      parsed_[canon] = nullptr;
+      return nullptr;
+    }
     std::ifstream in(canon, std::ios::binary);
     std::ostringstream text;
     text << in.rdbuf();

@@ -369,6 +369,27 @@ class Builder {
   std::vector<SourceLoc> overflow;  // integer literals that do not fit in 64 bits
 };
 
+// The offset of the first byte that is not part of a well-formed UTF-8 sequence, or npos.
+size_t first_invalid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size() || (n == 2 && c < 0xC2)) return i;
+    uint32_t cp = n == 1 ? c : c & (0xFF >> (n + 1));
+    for (size_t k = 1; k < n; ++k) {
+      auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc >> 6) != 0x2) return i;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    // Overlong forms, surrogates and code points past U+10FFFF are malformed too.
+    if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF))
+      return i;
+    i += n;
+  }
+  return std::string::npos;
+}
+
 // Bounds the parse tree's depth without recursing, so the builder's recursion is safe.
 size_t tree_depth(antlr4::tree::ParseTree* root) {
   size_t max_depth = 0;
@@ -391,6 +412,11 @@ std::unique_ptr<ast::File> parse_strategy(FileId file, const SourceManager& sour
     diags.error(SourceLoc{file, 1, 1, 1},
                 fmt::format("strategy file is {} bytes; the limit is {} (is this really a strategy?)",
                             text.size(), limits.max_bytes));
+    return nullptr;
+  }
+  // ANTLR's input stream throws on malformed UTF-8; say where instead.
+  if (size_t bad = first_invalid_utf8(text); bad != std::string::npos) {
+    diags.error(sources.loc_at(file, bad), "strategy is not valid UTF-8 text (invalid byte here)");
     return nullptr;
   }
   antlr4::ANTLRInputStream input(text);

@@ -95,3 +95,11 @@ TEST_CASE("integer literals that overflow are errors") {
   CHECK(p.diags.error_count() == 2);
   CHECK(p.first().find("does not fit in a 64-bit integer") != std::string::npos);
 }
+
+TEST_CASE("malformed UTF-8 is an error at the bad byte") {
+  Parsed p("mesh pp = 2;\n# caf\xc3\xa9 ok\nsplit batch into \xff;\n");
+  CHECK(!p.file);
+  CHECK(p.first().find("t.piper:3:18: error: strategy is not valid UTF-8") == 0);
+  Parsed ok("# caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\nmesh pp = 2;\n");
+  CHECK(ok.file);
+}

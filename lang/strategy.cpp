@@ -28,9 +28,9 @@ std::string print_regions(const std::vector<RegionId>& regions, const Manifest& 
   for (size_t i = 0; i < regions.size();) {
     RegionId r = regions[i];
     RegionId parent = m.regions[r].parent;
-    const auto& siblings = m.regions[parent].children;
     // Runs of consecutive list members print as a range: layers[0..3], or layers[*] for all of them.
     if (parent > 0 && m.is_list(parent)) {
+      const auto& siblings = m.regions[parent].children;
       size_t pos = std::find(siblings.begin(), siblings.end(), r) - siblings.begin();
       size_t j = i + 1;
       while (j < regions.size() && pos + (j - i) < siblings.size() && regions[j] == siblings[pos + (j - i)]) ++j;

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Fuzzes the front end (parse + check + print + re-check) with libFuzzer, ASan and UBSan.
+# Usage: bench/fuzz.sh [SECONDS=60] [extra libFuzzer flags]. Seeds: tests/errors and strategies/.
+# Reports the number of inputs run; a crash leaves crash-* files and a reproducer command.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+seconds=${1:-60}; shift || true
+"$root/scripts/setup.sh" "$root/build" >/dev/null   # the packages, and the grammar's generator
+build=$root/build-fuzz
+if [ ! -f "$build/build.ninja" ]; then
+  CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DPIPER_FUZZ=ON -DPIPER_BUILD_TESTS=OFF >/dev/null
+fi
+cmake --build "$build" --target piper-fuzz >/dev/null
+corpus=$build/corpus
+mkdir -p "$corpus"
+cp -n "$root"/tests/errors/*.piper "$root"/tests/errors/inputs/*.piper "$root"/strategies/*.piper "$corpus"/ 2>/dev/null || true
+cd "$build"
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=detect_leaks=1
+# max_len: strategies are short; timeout: no single input may take seconds (a hang is a bug).
+"$build/bench/fuzz/piper-fuzz" "$corpus" -max_total_time="$seconds" -max_len=4096 -timeout=10 \
+  -rss_limit_mb=4096 -print_final_stats=1 "$@" 2>&1 | tee "$build/fuzz.log" | grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|==[0-9]+==ERROR|SUMMARY)" || true
+if grep -qE "ERROR: libFuzzer|runtime error|ERROR: AddressSanitizer|ERROR: LeakSanitizer" "$build/fuzz.log" ||
+   ! grep -q "stat::number_of_executed_units" "$build/fuzz.log"; then
+  echo "fuzz: FAILED (see $build/fuzz.log; crash inputs: $build/crash-*)" >&2
+  exit 1
+fi
+echo "fuzz: $(grep -o 'number_of_executed_units: [0-9]*' "$build/fuzz.log" | grep -o '[0-9]*') inputs, no crash"
