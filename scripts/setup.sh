@@ -6,7 +6,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 
 packages=(
-  g++ cmake ninja-build ccache pkg-config
+  g++ cmake ninja-build ccache pkg-config python3
   antlr4 libantlr4-runtime-dev default-jre-headless
   libfmt-dev nlohmann-json3-dev libcli11-dev doctest-dev libzip-dev
 )

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# piper-check as a user meets it: exit statuses, model.pt input, -o, --emit, usage errors.
+set -uo pipefail
+check=$1
+root=$(cd "$(dirname "$0")/.." && pwd)
+gpt=$root/tests/manifests/gpt8.json
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+expect() {  # expect STATUS DESCRIPTION -- command...
+  local want=$1 what=$2; shift 3
+  "$@" >"$tmp/out" 2>"$tmp/err"
+  local got=$?
+  if [ "$got" != "$want" ]; then
+    echo "FAIL: $what: exit $got, want $want"; cat "$tmp/out" "$tmp/err"; fails=$((fails + 1))
+  fi
+}
+contains() {  # contains FILE TEXT DESCRIPTION
+  grep -qF -- "$2" "$tmp/$1" || { echo "FAIL: $3: '$2' not in $1:"; cat "$tmp/$1"; fails=$((fails + 1)); }
+}
+
+expect 0 "valid strategy" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --set pp=2 --set mb=4
+contains out "1f1b.piper: ok" "report header"
+contains out "stages     2 over pp" "report stages"
+
+printf 'mesh pp = 3;\nplace layrs[*] over pp;\n' >"$tmp/bad.piper"
+expect 1 "invalid strategy" -- "$check" "$gpt" "$tmp/bad.piper"
+contains err "bad.piper:2:7: error: unknown region 'layrs'; did you mean 'layers'?" "located error"
+contains err "      ^~~~~" "caret"
+
+expect 2 "missing strategy file" -- "$check" "$gpt" "$tmp/none.piper"
+contains err "cannot open" "I/O message"
+expect 2 "missing model file" -- "$check" "$tmp/none.pt" "$root/strategies/dp.piper"
+expect 2 "no arguments" -- "$check"
+expect 2 "unknown emit mode" -- "$check" "$gpt" "$root/strategies/dp.piper" --emit nonsense
+expect 0 "--version" -- "$check" --version
+contains out "piper-check" "version text"
+
+# A model.pt is a zip; the manifest rides along as an extra file (built here with Debian's python3 zipfile).
+/usr/bin/python3 - "$tmp/model.pt" "$gpt" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1], "w") as z:
+    z.writestr("model/data.pkl", b"\x80\x02}q\x00.")
+    z.write(sys.argv[2], "model/extra/piper/manifest.json")
+PY
+expect 0 "model.pt input" -- "$check" "$tmp/model.pt" "$root/strategies/zero3.piper"
+contains out "gpt-8L" "model name from the archive"
+printf 'PK\003\004garbage' >"$tmp/corrupt.pt"
+expect 1 "corrupt model.pt" -- "$check" "$tmp/corrupt.pt" "$root/strategies/dp.piper"
+contains err "cannot read as a model.pt archive" "corrupt archive message"
+
+expect 0 "--emit ast -o" -- "$check" "$gpt" "$root/strategies/gpipe.piper" --emit ast -o "$tmp/ast.piper"
+grep -q "^order fwd(0, 7) -> bwd(0, 0);" "$tmp/ast.piper" || { echo "FAIL: ast output"; fails=$((fails + 1)); }
+expect 0 "the emitted ast checks again" -- "$check" "$gpt" "$tmp/ast.piper"
+
+if ((fails)); then echo "cli_test: $fails failed"; exit 1; fi
+echo "cli_test: all passed"
