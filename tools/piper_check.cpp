@@ -3,10 +3,13 @@
 #include <fmt/format.h>
 
 #include <fstream>
+#include <algorithm>
 #include <functional>
 #include <iostream>
 #include <unistd.h>
 
+#include "ir/emit.h"
+#include "ir/lower.h"
 #include "lang/diagnostic_verifier.h"
 #include "lang/frontend.h"
 #include "lang/internal_error.h"
@@ -16,19 +19,36 @@ namespace {
 
 using namespace piper;
 
-// What `--emit` can produce. Later stages add rows here (dag, schedule, ...), ninja-tool style.
+// What a mode sees: the checked strategy and its lowered DAG.
+struct Checked {
+  const CheckedStrategy& strategy;
+  const Manifest& manifest;
+  const ir::Graph& dag;
+};
+
+// What `--emit` can produce. Later stages add rows here (schedule, trace, ...), ninja-tool style.
 struct EmitMode {
   const char* name;
   const char* help;
-  std::function<std::string(const CheckedStrategy&, const Manifest&)> emit;
+  std::function<std::string(const Checked&)> emit;
 };
+
+std::string report(const Checked& c) {
+  size_t comm = std::count_if(c.dag.nodes.begin(), c.dag.nodes.end(), [](const ir::Node& n) { return !ir::is_chunk(n.op); });
+  return strategy_report(c.strategy, c.manifest) +
+         fmt::format("  dag        {} nodes ({} compute, {} communication), {} edges\n", c.dag.nodes.size(),
+                     c.dag.nodes.size() - comm, comm, c.dag.edges.size());
+}
 
 const std::vector<EmitMode>& emit_modes() {
   static const std::vector<EmitMode> modes = {
-      {"report", "a summary of mesh, stages and directives (the default)",
-       [](const CheckedStrategy& s, const Manifest& m) { return strategy_report(s, m); }},
+      {"report", "a summary of mesh, stages, directives and the DAG (the default)", report},
       {"ast", "the checked strategy as canonical Piper text (loops unrolled, uses inlined)",
-       [](const CheckedStrategy& s, const Manifest& m) { return print_strategy(s, m); }},
+       [](const Checked& c) { return print_strategy(c.strategy, c.manifest); }},
+      {"dag", "the Global Training DAG, one node per line with its inputs (tokens like 1F0, 0SEND_F3)",
+       [](const Checked& c) { return ir::emit_dag_text(c.dag); }},
+      {"dag-json", "the DAG as JSON: {nodes: [...], edges: [...]}", [](const Checked& c) { return ir::emit_dag_json(c.dag); }},
+      {"dot", "the DAG for Graphviz (dot -Tsvg)", [](const Checked& c) { return ir::emit_dot(c.dag); }},
   };
   return modes;
 }
@@ -43,7 +63,8 @@ int main(int argc, char** argv) {
   std::string model, strategy, emit = "report", output;
   std::optional<int64_t> np, batch;
   std::vector<std::string> sets, include_dirs;
-  bool verify = false, list_emits = false;
+  bool verify = false, list_emits = false, list_passes = false, verify_each = false;
+  std::string print_after;
   app.add_option("MODEL", model, "model.pt (TorchScript archive with piper/manifest.json) or a manifest .json");
   app.add_option("STRATEGY", strategy, "strategy file (.piper)");
   app.add_option("--np", np, "world size (number of ranks); default: the mesh's size");
@@ -55,6 +76,9 @@ int main(int argc, char** argv) {
   app.add_option("--emit", emit, "what to print: report (default), ast; --list-emits lists them");
   app.add_option("-o,--output", output, "write the emitted text to FILE instead of stdout");
   app.add_flag("--list-emits", list_emits, "list the --emit modes and exit");
+  app.add_flag("--list-passes", list_passes, "list the lowering passes and exit");
+  app.add_option("--print-after", print_after, "print the DAG (as --emit dag) after lowering pass PASS, to stderr");
+  app.add_flag("--verify-each", verify_each, "run the DAG verifier after every pass (a failure is a Piper bug)");
   app.add_flag("--verify-diagnostics", verify,
                "test mode: check the diagnostics against `# expected-error {{...}}` comments in the sources");
   try {
@@ -65,6 +89,15 @@ int main(int argc, char** argv) {
   if (list_emits) {
     for (const auto& m : emit_modes()) fmt::print("{:<10} {}\n", m.name, m.help);
     return kOk;
+  }
+  if (list_passes) {
+    for (const auto& p : ir::pass_list()) fmt::print("{:<10} {}\n", p.name, p.help);
+    return kOk;
+  }
+  if (!print_after.empty() && std::none_of(ir::pass_list().begin(), ir::pass_list().end(),
+                                           [&](auto& p) { return print_after == p.name; })) {
+    fmt::print(stderr, "piper-check: error: unknown pass '{}' (see --list-passes)\n", print_after);
+    return kUsage;
   }
   if (model.empty() || strategy.empty()) {
     std::cerr << app.help() << "\npiper-check: error: MODEL and STRATEGY are required\n";
@@ -82,6 +115,22 @@ int main(int argc, char** argv) {
     CommandLine cmd{np, sets, batch, include_dirs};
     for (auto& d : default_search_path()) cmd.search_path.push_back(d);
     FrontendResult r = run_frontend(model, strategy, cmd, sources, diags);
+    std::optional<ir::Graph> dag;
+    if (r.status == FrontendStatus::Ok) {
+      ir::LowerOptions lower;
+      lower.verify_each = verify_each;
+      if (batch) {
+        const auto& s = *r.strategy;
+        int64_t pp = s.pipeline_axis.empty() ? 1 : s.axis_size(s.pipeline_axis);
+        lower.samples_per_microbatch = std::max<int64_t>(1, *batch / (s.world / pp) / s.microbatches);
+      }
+      if (!print_after.empty())
+        lower.after_pass = [&](const char* pass, const ir::Graph& g) {
+          if (print_after == pass) std::cerr << "# after " << pass << "\n" << ir::emit_dag_text(g);
+        };
+      dag = ir::lower(*r.strategy, *r.manifest, diags, lower);
+      if (!dag) r.status = FrontendStatus::Invalid;
+    }
     if (verify) {
       if (r.status == FrontendStatus::IoError) {
         fmt::print(stderr, "piper-check: error: {}\n", r.io_error);
@@ -97,7 +146,7 @@ int main(int argc, char** argv) {
       return kUsage;
     }
     if (r.status != FrontendStatus::Ok) return kInvalid;
-    std::string text = mode->emit(*r.strategy, *r.manifest);
+    std::string text = mode->emit(Checked{*r.strategy, *r.manifest, *dag});
     if (emit == "report") text = fmt::format("{}: ok\n{}", strategy, text);
     if (output.empty()) {
       std::cout << text;

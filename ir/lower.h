@@ -1,0 +1,32 @@
+// Lowers a checked strategy onto the Global Training DAG: the ordered pipeline of graph rewrites.
+#pragma once
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "lang/diagnostic.h"
+#include "lang/manifest.h"
+#include "lang/strategy.h"
+
+namespace piper::ir {
+
+struct PassInfo {
+  const char* name;
+  const char* help;
+};
+const std::vector<PassInfo>& pass_list();
+
+struct LowerOptions {
+  int64_t samples_per_microbatch = 1;  // sizes messages; from --batch-size when known
+  bool verify_each = false;            // run the verifier after every pass (tests, --verify-each)
+  std::function<void(const char* pass, const Graph&)> after_pass;  // --print-after
+};
+
+// Returns nothing when the strategy cannot be lowered (a diagnostic says why, e.g. an order cycle).
+// A verifier failure is a bug in Piper and throws InternalError.
+std::optional<Graph> lower(const CheckedStrategy& s, const Manifest& m, DiagnosticEngine& diags,
+                           const LowerOptions& options = {});
+
+}  // namespace piper::ir

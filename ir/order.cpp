@@ -1,0 +1,123 @@
+// Pass 7, order: `order` directives become temporal edges — from the sinks of each group's tasks
+// to the sources of the next group's — `a || b` marks a co-scheduled group, and `on stream` moves
+// the tasks to a logical stream. An order that would make the DAG cyclic, or that relates tasks on
+// different devices, is the user's error, reported at the directive(s) responsible.
+#include <fmt/format.h>
+
+#include <map>
+#include <set>
+
+#include "ir/pass.h"
+#include "lang/internal_error.h"
+
+namespace piper::ir {
+
+namespace {
+Op op_for(TaskKind k, bool split) {
+  switch (k) {
+    case TaskKind::Fwd: return Op::F;
+    case TaskKind::Bwd: return split ? Op::BI : Op::B;
+    case TaskKind::BwdInput: return Op::BI;
+    case TaskKind::BwdWeight: return Op::BW;
+  }
+  return Op::F;
+}
+
+std::string task_text(const Task& t) { return fmt::format("{}({}, {})", task_kind_name(t.kind), t.stage, t.microbatch); }
+}  // namespace
+
+bool order_pass(LowerContext& c) {
+  Graph& g = c.graph;
+  // The pieces of each task: (op, stage, microbatch) -> nodes in segment order.
+  std::map<std::tuple<Op, int32_t, int32_t>, std::vector<NodeId>> pieces;
+  for (NodeId v = 0; v < NodeId(g.nodes.size()); ++v) {
+    const Node& n = g.nodes[v];
+    if (is_chunk(n.op) && n.op != Op::U) pieces[{n.op, n.stage, n.microbatch}].push_back(v);
+  }
+  auto task_nodes = [&](const Task& t) -> const std::vector<NodeId>& {
+    auto it = pieces.find({op_for(t.kind, false), int32_t(t.stage), int32_t(t.microbatch)});
+    if (it == pieces.end()) it = pieces.find({op_for(t.kind, true), int32_t(t.stage), int32_t(t.microbatch)});
+    PIPER_INTERNAL_ASSERT(it != pieces.end(), "order names a task the DAG does not have: " + task_text(t));
+    return it->second;
+  };
+  // Forward pieces run in segment order; backward pieces in reverse.
+  auto first = [&](const Task& t) { const auto& v = task_nodes(t); return t.kind == TaskKind::Fwd ? v.front() : v.back(); };
+  auto last = [&](const Task& t) { const auto& v = task_nodes(t); return t.kind == TaskKind::Fwd ? v.back() : v.front(); };
+
+  std::vector<SourceLoc> locs;  // temporal edge label -> its directive
+  int32_t overlap = 0;
+  bool ok = true;
+  for (const auto& d : c.strategy.directives) {
+    const auto* o = std::get_if<OrderDirective>(&d.body);
+    if (!o) continue;
+    int32_t label = static_cast<int32_t>(locs.size());
+    locs.push_back(d.loc);
+    if (!o->stream.empty()) {
+      StreamId st = g.stream(o->stream);
+      for (const auto& group : o->chain)
+        for (const Task& t : group)
+          for (NodeId v : task_nodes(t)) g.nodes[static_cast<size_t>(v)].stream = st;
+    }
+    for (const auto& group : o->chain) {
+      if (group.size() < 2) continue;
+      for (const Task& t : group)
+        for (NodeId v : task_nodes(t)) g.nodes[static_cast<size_t>(v)].overlap = overlap;
+      ++overlap;
+    }
+    for (size_t k = 0; k + 1 < o->chain.size(); ++k)
+      for (const Task& a : o->chain[k])
+        for (const Task& b : o->chain[k + 1]) {
+          NodeId src = last(a), dst = first(b);
+          GroupId ra = g.nodes[static_cast<size_t>(src)].ranks, rb = g.nodes[static_cast<size_t>(dst)].ranks;
+          if (ra != rb) {
+            auto ranks = [&](GroupId grp) { return fmt::format("{}", fmt::join(g.ranks(grp), ",")); };
+            c.diags.error(d.loc, fmt::format("this order relates tasks on different devices: {} runs on ranks {{{}}} "
+                                             "but {} on ranks {{{}}}",
+                                             task_text(a), ranks(ra), task_text(b), ranks(rb)))
+                .note(SourceLoc{}, "an order sequences work on one device; across devices, data dependencies do that");
+            ok = false;
+            continue;
+          }
+          g.connect(src, dst, EdgeKind::Temporal, 0, label);
+        }
+  }
+  if (!ok) return false;
+
+  std::vector<NodeId> stuck;
+  if (g.topological_order(&stuck)) return true;
+  // Find one concrete cycle among the stuck nodes, then name the orders on it.
+  std::set<NodeId> stuck_set(stuck.begin(), stuck.end());
+  Graph::Adjacency adj = g.adjacency();
+  NodeId start = stuck.front(), cur = start;
+  std::vector<int32_t> path;
+  std::map<NodeId, size_t> seen;
+  while (!seen.count(cur)) {
+    seen[cur] = path.size();
+    int32_t next_edge = -1;
+    for (int32_t k = adj.out_offsets[static_cast<size_t>(cur)]; k < adj.out_offsets[static_cast<size_t>(cur) + 1]; ++k) {
+      int32_t e = adj.out_edges[static_cast<size_t>(k)];
+      if (stuck_set.count(g.edges[static_cast<size_t>(e)].dst)) { next_edge = e; break; }
+    }
+    PIPER_INTERNAL_ASSERT(next_edge >= 0, "a node left by the topological sort has no stuck successor");
+    path.push_back(next_edge);
+    cur = g.edges[static_cast<size_t>(next_edge)].dst;
+  }
+  std::vector<int32_t> cycle(path.begin() + static_cast<long>(seen[cur]), path.end());
+  std::vector<std::string> steps;
+  std::vector<int32_t> orders;
+  for (int32_t e : cycle) {
+    const Edge& edge = g.edges[static_cast<size_t>(e)];
+    steps.push_back(token(g.nodes[static_cast<size_t>(edge.src)]));
+    if (edge.kind == EdgeKind::Temporal && std::find(orders.begin(), orders.end(), edge.label) == orders.end())
+      orders.push_back(edge.label);
+  }
+  steps.push_back(token(g.nodes[static_cast<size_t>(g.edges[static_cast<size_t>(cycle.front())].src)]));
+  PIPER_INTERNAL_ASSERT(!orders.empty(), "a cycle made of data dependencies alone");
+  auto& diag = c.diags.error(locs[static_cast<size_t>(orders.back())],
+                             fmt::format("this order creates a cycle: {}", fmt::join(steps, " -> ")));
+  for (size_t i = 0; i + 1 < orders.size(); ++i) diag.note(locs[static_cast<size_t>(orders[i])], "the cycle also uses this order");
+  if (orders.size() == 1) diag.note(SourceLoc{}, "the rest of the cycle is data dependencies (a forward precedes its backward, stage s precedes s+1)");
+  return false;
+}
+
+}  // namespace piper::ir

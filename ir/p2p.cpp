@@ -1,0 +1,33 @@
+// Pass 4, p2p: every data edge whose ends run on different ranks becomes send -> recv. Rank k of
+// the sending stage pairs with rank k of the receiving one (same coordinates on the other axes).
+#include "ir/pass.h"
+#include "lang/internal_error.h"
+
+namespace piper::ir {
+
+void p2p_pass(LowerContext& c) {
+  Graph& g = c.graph;
+  StreamId p2p = g.stream("p2p");  // P2P gets its own stream, as in the paper, so it cannot block compute
+  int32_t axis = c.axis_index(c.strategy.pipeline_axis);
+  const size_t n_edges = g.edges.size();
+  for (size_t e = 0; e < n_edges; ++e) {
+    const Edge edge = g.edges[e];
+    const Node src = g.nodes[edge.src], dst = g.nodes[edge.dst];
+    if (edge.kind != EdgeKind::Data || src.ranks == dst.ranks) continue;
+    PIPER_INTERNAL_ASSERT(g.ranks(src.ranks).size() == g.ranks(dst.ranks).size(),
+                          "p2p: stages on different numbers of ranks");
+    bool backward = src.op != Op::F;
+    Payload what = backward ? Payload::ActGrad : Payload::Act;
+    uint8_t flags = backward ? kBackward : 0;
+    Node send{Op::Send, what, flags, p2p, src.segment, src.stage, src.microbatch, src.chunk, -1, -1, src.ranks, axis, edge.bytes};
+    Node recv{Op::Recv, what, flags, p2p, dst.segment, dst.stage, dst.microbatch, dst.chunk, -1, -1, dst.ranks, axis, edge.bytes};
+    NodeId s = g.add(send), r = g.add(recv);
+    g.edges[e].kind = EdgeKind::Dead;
+    g.connect(edge.src, s, EdgeKind::Data, edge.bytes, edge.label);
+    g.connect(s, r, EdgeKind::Data, edge.bytes, edge.label);
+    g.connect(r, edge.dst, EdgeKind::Data, edge.bytes, edge.label);
+  }
+  g.remove_dead_edges();
+}
+
+}  // namespace piper::ir
