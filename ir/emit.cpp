@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 
 namespace piper::ir {
 
@@ -31,13 +33,19 @@ std::string flag_text(uint8_t f) {
 
 std::string emit_dag_text(const Graph& g) {
   Graph::Adjacency adj = g.adjacency();
-  std::string out = fmt::format("# {} nodes, {} edges; per node: id token ranks stream [axis] [bytes] [flags] <- inputs "
-                                "(t: temporal)\n",
+  // Nodes are named by their tokens; a token that occurs twice (two replicate axes reducing the
+  // same stage, say) gets its node id appended.
+  std::unordered_map<std::string, int> uses;
+  std::vector<std::string> names(g.nodes.size());
+  for (size_t v = 0; v < g.nodes.size(); ++v) uses[names[v] = token(g.nodes[v])]++;
+  for (size_t v = 0; v < g.nodes.size(); ++v)
+    if (uses[names[v]] > 1) names[v] += fmt::format("#{}", v);
+  std::string out = fmt::format("# {} nodes, {} edges. token ranks stream [axis] [bytes] [flags] <- inputs "
+                                "(t: ordering only)\n",
                                 g.nodes.size(), g.edges.size());
   for (size_t v = 0; v < g.nodes.size(); ++v) {
     const Node& n = g.nodes[v];
-    out += fmt::format("{} {} r{} {}", v, token(n), n.ranks >= 0 ? rank_list(g.ranks(n.ranks)) : "?",
-                       g.streams[n.stream]);
+    out += fmt::format("{} r{} {}", names[v], n.ranks >= 0 ? rank_list(g.ranks(n.ranks)) : "?", g.streams[n.stream]);
     if (n.axis >= 0 && static_cast<size_t>(n.axis) < g.mesh_axes.size()) out += " axis=" + g.mesh_axes[static_cast<size_t>(n.axis)];
     if (n.bytes) out += fmt::format(" {}B", n.bytes);
     if (n.overlap >= 0) out += fmt::format(" overlap={}", n.overlap);
@@ -45,7 +53,8 @@ std::string emit_dag_text(const Graph& g) {
     std::vector<std::string> ins;
     for (int32_t k = adj.in_offsets[v]; k < adj.in_offsets[v + 1]; ++k) {
       const Edge& e = g.edges[static_cast<size_t>(adj.in_edges[static_cast<size_t>(k)])];
-      ins.push_back(e.kind == EdgeKind::Temporal ? fmt::format("t:{}", e.src) : std::to_string(e.src));
+      std::string in = (e.kind == EdgeKind::Temporal ? "t:" : "") + names[static_cast<size_t>(e.src)];
+      if (std::find(ins.begin(), ins.end(), in) == ins.end()) ins.push_back(std::move(in));  // e.g. saved + loss
     }
     if (!ins.empty()) out += fmt::format(" <- {}", fmt::join(ins, " "));
     out += "\n";

@@ -4,6 +4,7 @@
 // different devices, is the user's error, reported at the directive(s) responsible.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -85,24 +86,26 @@ bool order_pass(LowerContext& c) {
 
   std::vector<NodeId> stuck;
   if (g.topological_order(&stuck)) return true;
-  // Find one concrete cycle among the stuck nodes, then name the orders on it.
+  // Find one concrete cycle among the stuck nodes, then name the orders on it. Every stuck node
+  // has a stuck predecessor (that is why it is stuck), so walking predecessors must loop.
   std::set<NodeId> stuck_set(stuck.begin(), stuck.end());
   Graph::Adjacency adj = g.adjacency();
-  NodeId start = stuck.front(), cur = start;
-  std::vector<int32_t> path;
+  NodeId cur = stuck.front();
+  std::vector<int32_t> path;  // edges walked backwards
   std::map<NodeId, size_t> seen;
   while (!seen.count(cur)) {
     seen[cur] = path.size();
-    int32_t next_edge = -1;
-    for (int32_t k = adj.out_offsets[static_cast<size_t>(cur)]; k < adj.out_offsets[static_cast<size_t>(cur) + 1]; ++k) {
-      int32_t e = adj.out_edges[static_cast<size_t>(k)];
-      if (stuck_set.count(g.edges[static_cast<size_t>(e)].dst)) { next_edge = e; break; }
+    int32_t prev_edge = -1;
+    for (int32_t k = adj.in_offsets[static_cast<size_t>(cur)]; k < adj.in_offsets[static_cast<size_t>(cur) + 1]; ++k) {
+      int32_t e = adj.in_edges[static_cast<size_t>(k)];
+      if (stuck_set.count(g.edges[static_cast<size_t>(e)].src)) { prev_edge = e; break; }
     }
-    PIPER_INTERNAL_ASSERT(next_edge >= 0, "a node left by the topological sort has no stuck successor");
-    path.push_back(next_edge);
-    cur = g.edges[static_cast<size_t>(next_edge)].dst;
+    PIPER_INTERNAL_ASSERT(prev_edge >= 0, "a node left by the topological sort has no stuck predecessor");
+    path.push_back(prev_edge);
+    cur = g.edges[static_cast<size_t>(prev_edge)].src;
   }
   std::vector<int32_t> cycle(path.begin() + static_cast<long>(seen[cur]), path.end());
+  std::reverse(cycle.begin(), cycle.end());  // back into forward direction
   std::vector<std::string> steps;
   std::vector<int32_t> orders;
   for (int32_t e : cycle) {

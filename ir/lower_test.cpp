@@ -1,0 +1,216 @@
+#include "ir/lower.h"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include <map>
+
+#include "ir/emit.h"
+#include "ir/verifier.h"
+#include "tests/lang_fixture.h"
+
+using namespace piper;
+using namespace piper::ir;
+using piper::testing::Front;
+
+namespace {
+// Checks a strategy and lowers it with the verifier after every pass.
+Graph lowered(Front& f, const std::string& text, CommandLine cmd = {}) {
+  auto s = f.check(text, cmd);
+  REQUIRE_MESSAGE(s, f.errors());
+  LowerOptions opt;
+  opt.verify_each = true;
+  auto g = lower(*s, f.manifest, f.diags, opt);
+  REQUIRE_MESSAGE(g, f.errors());
+  return std::move(*g);
+}
+
+std::map<std::string, int> census(const Graph& g) {
+  std::map<std::string, int> out;
+  for (const Node& n : g.nodes) {
+    std::string t = token(n);
+    size_t i = 0;
+    while (i < t.size() && isdigit(static_cast<unsigned char>(t[i]))) ++i;
+    size_t j = i;
+    while (j < t.size() && (isupper(static_cast<unsigned char>(t[j])) || t[j] == '_' || (t[j] == '2' && t[j - 1] == 'A'))) ++j;
+    out[t.substr(i, j - i)]++;
+  }
+  return out;
+}
+
+const Node& find(const Graph& g, const std::string& tok) {
+  for (const Node& n : g.nodes)
+    if (token(n) == tok) return n;
+  FAIL("no node " << tok);
+  return g.nodes.front();
+}
+
+bool has(const Node& n, NodeFlag f) { return (n.flags & f) != 0; }
+
+int temporal_edges(const Graph& g) {
+  return static_cast<int>(std::count_if(g.edges.begin(), g.edges.end(), [](const Edge& e) { return e.kind == EdgeKind::Temporal; }));
+}
+}  // namespace
+
+TEST_CASE("build: one device is a forward, a backward and an update") {
+  Front f;
+  Graph g = lowered(f, "split batch into 1;\n");
+  CHECK(census(g) == std::map<std::string, int>{{"F", 1}, {"B", 1}, {"U", 1}});
+  CHECK(find(g, "0F0").bytes == f.manifest.param_bytes(0));
+}
+
+TEST_CASE("split copies the forward and backward per microbatch, all into one update") {
+  Front f;
+  Graph g = lowered(f, "split batch into 3;\n");
+  CHECK(census(g) == std::map<std::string, int>{{"F", 3}, {"B", 3}, {"U", 1}});
+}
+
+TEST_CASE("1F1B over pp=2 with 4 microbatches: chunks, paired send/recv, temporal edges") {
+  Front f;
+  CommandLine cmd;
+  cmd.sets = {"pp=2", "mb=4"};
+  Graph g = lowered(f, "use \"1f1b.piper\";\n", cmd);
+  auto c = census(g);
+  CHECK(c["F"] == 8);
+  CHECK(c["B"] == 8);
+  CHECK(c["U"] == 2);
+  CHECK(c["SEND_F"] == 4);
+  CHECK(c["RECV_F"] == 4);
+  CHECK(c["SEND_B"] == 4);
+  CHECK(c["RECV_B"] == 4);
+  CHECK(g.ranks(find(g, "0SEND_F2").ranks) == std::vector<int32_t>{0});
+  CHECK(g.ranks(find(g, "1RECV_F2").ranks) == std::vector<int32_t>{1});
+  CHECK(g.streams[find(g, "0SEND_F2").stream] == "p2p");
+  // fwd->fwd and bwd->bwd chains (3 per stage each) plus the 1F1B bound (2 + 3).
+  CHECK(temporal_edges(g) == 2 * 3 * 2 + 2 + 3);
+  // The activation crossing the cut is a [64, 64] float32 sample.
+  CHECK(find(g, "0SEND_F0").bytes == 64 * 64 * 4);
+}
+
+TEST_CASE("data parallelism: one all-reduce per bucket over dp, after every backward") {
+  Front f;
+  Graph g = lowered(f, "mesh dp = 2;\nsplit batch into 2;\nreplicate * over dp bucket 512KiB;\n");
+  const int64_t total = f.manifest.param_bytes(0);
+  int64_t sum = 0;
+  int buckets = 0;
+  for (const Node& n : g.nodes)
+    if (n.op == Op::AllReduce) {
+      sum += n.bytes, ++buckets;
+      CHECK(g.ranks(n.ranks) == std::vector<int32_t>{0, 1});
+      CHECK(g.mesh_axes[static_cast<size_t>(n.axis)] == "dp");
+    }
+  CHECK(buckets == (total + (512 << 10) - 1) / (512 << 10));
+  CHECK(sum == total);
+}
+
+TEST_CASE("ZeRO-3 gathers parameters per microbatch and direction, frees them after, reduce-scatters per microbatch") {
+  Front f;
+  Graph g = lowered(f, "mesh dp = 2;\nsplit batch into 2;\nreplicate * over dp zero 3;\n");
+  auto c = census(g);
+  CHECK(c["ALLGATHER_PF"] == 2);
+  CHECK(c["ALLGATHER_PB"] == 2);
+  CHECK(c["REDUCESCATTER_G"] == 2);
+  CHECK(c.count("ALLGATHER_P") == 0);  // parameters stay sharded between steps
+  CHECK(has(find(g, "0ALLGATHER_PF1.b0"), kMaterialize));
+  CHECK(has(find(g, "0F1"), kFreeParams));
+  CHECK(has(find(g, "0REDUCESCATTER_G1.b0"), kShardGrads));
+}
+
+TEST_CASE("ZeRO-1 reduce-scatters once and all-gathers after the update") {
+  Front f;
+  Graph g = lowered(f, "mesh dp = 2;\nsplit batch into 4;\nreplicate * over dp zero 1;\n");
+  auto c = census(g);
+  CHECK(c["REDUCESCATTER_G"] == 1);
+  CHECK(c["ALLGATHER_P"] == 1);
+}
+
+TEST_CASE("pipeline × ZeRO-2: per stage and microbatch reduce-scatters on the stage's dp group") {
+  Front f;
+  CommandLine cmd;
+  cmd.sets = {"pp=2", "dp=2", "mb=2"};
+  Graph g = lowered(f, "use \"1f1b_zero2.piper\";\n", cmd);
+  CHECK(census(g)["REDUCESCATTER_G"] == 4);
+  // pp is declared first, so it varies slowest: stage 0 lives on ranks 0 and 1.
+  CHECK(g.ranks(find(g, "0REDUCESCATTER_G1.b0").ranks) == std::vector<int32_t>{0, 1});
+  CHECK(g.ranks(find(g, "1REDUCESCATTER_G1.b0").ranks) == std::vector<int32_t>{2, 3});
+  CHECK(g.ranks(find(g, "0SEND_F1").ranks) == std::vector<int32_t>{0, 1});
+}
+
+TEST_CASE("expert parallelism: all-to-all around every layer's experts, forward and backward") {
+  Front f("moe8");
+  Graph g = lowered(f, "mesh ep = 2;\nsplit batch into 2;\nreplicate * over ep;\nshard layers[*].moe.experts over ep;\n");
+  auto c = census(g);
+  // 8 layers × 2 microbatches, dispatch and combine, in each direction.
+  CHECK(c["A2A_DF"] == 16);
+  CHECK(c["A2A_CF"] == 16);
+  CHECK(c["A2A_DB"] == 16);
+  CHECK(c["A2A_CB"] == 16);
+  const RegionId experts = *f.manifest.find("layers.0.moe.experts");
+  CHECK(find(g, "0F0.s1").bytes == f.manifest.param_bytes(experts) / 2);
+  // The all-reduce over ep skips the experts (they are sharded, not replicated, over ep).
+  int64_t reduced = 0;
+  for (const Node& n : g.nodes)
+    if (n.op == Op::AllReduce) reduced += n.bytes;
+  int64_t expert_bytes = 0;
+  for (int l = 0; l < 8; ++l) expert_bytes += f.manifest.param_bytes(*f.manifest.find(fmt::format("layers.{}.moe.experts", l)));
+  CHECK(reduced == f.manifest.param_bytes(0) - expert_bytes);
+}
+
+TEST_CASE("zero-bubble: backwards named as bwd_input/bwd_weight split, weights feed the update") {
+  Front f;
+  CommandLine cmd;
+  cmd.sets = {"pp=2", "mb=4"};
+  Graph g = lowered(f, "use \"zb1p.piper\";\n", cmd);
+  auto c = census(g);
+  CHECK(c.count("B") == 0);
+  CHECK(c["BI"] == 8);
+  CHECK(c["BW"] == 8);
+  CHECK(c["SEND_B"] == 4);
+}
+
+TEST_CASE("interleaved placement: chunk index per rank, overlap groups from ||") {
+  Front f;
+  CommandLine cmd;
+  cmd.sets = {"pp=2", "v=2", "mb=2"};
+  Graph g = lowered(f, "use \"interleaved_1f1b.piper\";\n", cmd);
+  CHECK(find(g, "2F0").chunk == 1);
+  CHECK(g.ranks(find(g, "2F0").ranks) == std::vector<int32_t>{0});
+  Front h;
+  Graph d = lowered(h, "mesh pp = 2;\nsplit batch into 4;\nplace embed on pp = 0;\nplace layers over pp vshape;\n"
+                       "place head on pp = 0;\n"
+                       "order fwd(0, 1) || bwd(3, 0);\n");
+  CHECK(find(d, "0F1").overlap == find(d, "3B0").overlap);
+  CHECK(find(d, "0F1").overlap >= 0);
+}
+
+TEST_CASE("recompute marks the forwards of the selected regions") {
+  Front f;
+  Graph g = lowered(f, "mesh pp = 2;\nplace embed, layers[0..3] on pp = 0;\nplace layers[4..7], head on pp = 1;\n"
+                       "recompute layers[5];\n");
+  CHECK(!has(find(g, "0F0"), kRecompute));
+  CHECK(has(find(g, "1F0"), kRecompute));
+}
+
+TEST_CASE("an order that closes a cycle is the user's error, at the directive") {
+  Front f;
+  auto s = f.check("split batch into 2;\norder bwd(0, 0) -> fwd(0, 0);\n");
+  REQUIRE(s);
+  CHECK(!lower(*s, f.manifest, f.diags));
+  CHECK(f.first_error() == "this order creates a cycle: 0B0 -> 0F0 -> 0B0");
+}
+
+TEST_CASE("dag-json carries the documented fields") {
+  Front f;
+  Graph g = lowered(f, "mesh dp = 2;\nreplicate * over dp;\n");
+  auto j = nlohmann::json::parse(emit_dag_json(g));
+  REQUIRE(j["nodes"].size() == g.nodes.size());
+  for (const char* key : {"id", "kind", "op", "ranks", "stream", "stage", "microbatch", "chunk", "bytes"})
+    CHECK(j["nodes"][0].contains(key));
+  bool all_reduce = false;
+  for (const auto& n : j["nodes"]) all_reduce |= n["op"] == "all_reduce" && n["kind"] == "comm";
+  CHECK(all_reduce);
+  CHECK(j["edges"][0].contains("src"));
+  CHECK(j["edges"][0]["kind"] == "data");
+}

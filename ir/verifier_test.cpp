@@ -1,0 +1,81 @@
+#include "ir/verifier.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+using namespace piper::ir;
+
+namespace {
+// Two placed stages with a forward each, joined properly by send/recv.
+struct Pipe {
+  Graph g;
+  NodeId f0, f1, send, recv;
+  Pipe() {
+    GroupId r0 = g.group({0}), r1 = g.group({1});
+    f0 = g.add(Node{Op::F, Payload::None, 0, 0, -1, 0, 0, 0, -1, -1, r0, -1, 0});
+    f1 = g.add(Node{Op::F, Payload::None, 0, 0, -1, 1, 0, 0, -1, -1, r1, -1, 0});
+    send = g.add(Node{Op::Send, Payload::Act, 0, 2, -1, 0, 0, 0, -1, -1, r0, 0, 64});
+    recv = g.add(Node{Op::Recv, Payload::Act, 0, 2, -1, 1, 0, 0, -1, -1, r1, 0, 64});
+    g.connect(f0, send, EdgeKind::Data, 64);
+    g.connect(send, recv, EdgeKind::Data, 64);
+    g.connect(recv, f1, EdgeKind::Data, 64);
+  }
+};
+bool says(const std::vector<std::string>& problems, const std::string& text) {
+  return std::any_of(problems.begin(), problems.end(), [&](auto& p) { return p.find(text) != std::string::npos; });
+}
+}  // namespace
+
+TEST_CASE("a well-formed graph verifies") {
+  Pipe p;
+  CHECK(verify(p.g).empty());
+}
+
+TEST_CASE("the verifier catches broken graphs") {
+  SUBCASE("a data edge across ranks without send/recv") {
+    Pipe p;
+    p.g.connect(p.f0, p.f1, EdgeKind::Data, 64);
+    CHECK(says(verify(p.g), "crosses ranks without a send/recv"));
+    CHECK(verify(p.g, /*p2p_done=*/false).empty());
+  }
+  SUBCASE("a send without its recv") {
+    Pipe p;
+    p.g.edges[1].dst = p.f1;
+    auto problems = verify(p.g);
+    CHECK(says(problems, "0SEND_F0 has 0 matching recvs"));
+    CHECK(says(problems, "1RECV_F0 has 0 matching sends"));
+  }
+  SUBCASE("a mismatched pair") {
+    Pipe p;
+    p.g.nodes[static_cast<size_t>(p.recv)].bytes = 32;
+    CHECK(says(verify(p.g), "paired with a mismatched"));
+  }
+  SUBCASE("a cycle") {
+    Pipe p;
+    p.g.connect(p.f1, p.f0, EdgeKind::Data);
+    CHECK(says(verify(p.g), "cycle"));
+  }
+  SUBCASE("a backward without its forward") {
+    Pipe p;
+    p.g.add(Node{Op::B, Payload::None, 0, 0, -1, 1, 0, 0, -1, -1, p.g.nodes[1].ranks, -1, 0});
+    CHECK(says(verify(p.g), "1B0 does not follow its forward"));
+  }
+  SUBCASE("gradients that reach an update both reduced and not") {
+    Pipe p;
+    GroupId r0 = p.g.nodes[0].ranks;
+    NodeId b = p.g.add(Node{Op::B, Payload::None, 0, 0, -1, 0, 0, 0, -1, -1, r0, -1, 0});
+    NodeId u = p.g.add(Node{Op::U, Payload::None, 0, 0, -1, 0, -1, 0, -1, -1, r0, -1, 0});
+    NodeId ar = p.g.add(Node{Op::AllReduce, Payload::Grad, kBackward, 1, -1, 0, -1, 0, 0, -1, r0, 0, 8});
+    p.g.connect(p.f0, b, EdgeKind::Data);
+    p.g.connect(b, u, EdgeKind::Data);
+    p.g.connect(b, ar, EdgeKind::Data);
+    p.g.connect(ar, u, EdgeKind::Data);
+    CHECK(says(verify(p.g), "both reduced and unreduced"));
+  }
+  SUBCASE("a duplicated chunk") {
+    Pipe p;
+    p.g.add(p.g.nodes[0]);
+    CHECK(says(verify(p.g), "0F0 appears twice"));
+  }
+}
