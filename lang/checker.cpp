@@ -1142,12 +1142,14 @@ class Checker {
         idx[f] = 0;
       }
     }
-    if (produced == 0) {
+    // With these parameters no instance exists. In a library file that is by design (1F1B's
+    // microbatch chains with mb = 1); in the user's own file it is probably a mistake: warn.
+    if (produced == 0 && p.context.empty()) {
       std::vector<std::string> vars;
       for (const auto& f : free) if (f.name != kImplicitStage) vars.push_back(f.name);
-      auto& d = diags_.error(p.loc, fmt::format("this order matches no tasks: for every value of {} some task does "
-                                                "not exist",
-                                                vars.empty() ? std::string("the stage") : fmt::format("{}", fmt::join(vars, ", "))));
+      auto& d = diags_.warning(p.loc, fmt::format("this order matches no tasks: for every value of {} some task does "
+                                                  "not exist",
+                                                  vars.empty() ? std::string("the stage") : fmt::format("{}", fmt::join(vars, ", "))));
       if (out_of_range) d.note(SourceLoc{}, *out_of_range);
     }
   }

@@ -53,5 +53,24 @@ expect 0 "--emit ast -o" -- "$check" "$gpt" "$root/strategies/gpipe.piper" --emi
 grep -q "^order fwd(0, 7) -> bwd(0, 0);" "$tmp/ast.piper" || { echo "FAIL: ast output"; fails=$((fails + 1)); }
 expect 0 "the emitted ast checks again" -- "$check" "$gpt" "$tmp/ast.piper"
 
+# The DAG: JSON with the documented fields, Graphviz, the pass list, printing after a pass.
+expect 0 "--emit dag-json" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --set pp=2 --set mb=2 --emit dag-json
+/usr/bin/python3 - "$tmp/out" <<'PY' || { echo "FAIL: dag-json content"; fails=$((fails + 1)); }
+import json, sys
+d = json.load(open(sys.argv[1]))
+n = d["nodes"][0]
+assert all(k in n for k in ("id", "kind", "op", "ranks", "stream", "stage", "microbatch", "chunk", "bytes")), n
+assert {x["op"] for x in d["nodes"]} >= {"F", "B", "U", "send", "recv"}
+assert {e["kind"] for e in d["edges"]} == {"data", "temporal"}
+PY
+expect 0 "--emit dot" -- "$check" "$gpt" "$root/strategies/dp.piper" --emit dot
+contains out "digraph piper" "dot header"
+expect 0 "--list-passes" -- "$check" --list-passes
+contains out "replicate" "pass list"
+expect 0 "--print-after p2p" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --set pp=2 --set mb=1 --print-after p2p
+contains err "# after p2p" "print-after header"
+contains err "0SEND_F0 r0 p2p" "print-after content"
+expect 2 "--print-after unknown pass" -- "$check" "$gpt" "$root/strategies/dp.piper" --print-after nosuchpass
+
 if ((fails)); then echo "cli_test: $fails failed"; exit 1; fi
 echo "cli_test: all passed"
