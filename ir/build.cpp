@@ -68,8 +68,8 @@ void build_pass(LowerContext& c) {
     std::vector<NodeId> f(segs.size()), b(segs.size());
     for (size_t j = 0; j < segs.size(); ++j) {
       int16_t seg = segs.size() > 1 ? int16_t(j) : int16_t(-1);
-      f[j] = g.add(Node{Op::F, Payload::None, 0, 0, seg, int32_t(s), 0, 0, -1, -1, -1, -1, segs[j].param_bytes});
-      b[j] = g.add(Node{Op::B, Payload::None, 0, 0, seg, int32_t(s), 0, 0, -1, -1, -1, -1, segs[j].param_bytes});
+      f[j] = g.add(Node{Op::F, Payload::None, 0, 0, seg, int32_t(s), 0, 0, -1, -1, -1, -1, segs[j].param_bytes, segs[j].flops});
+      b[j] = g.add(Node{Op::B, Payload::None, 0, 0, seg, int32_t(s), 0, 0, -1, -1, -1, -1, segs[j].param_bytes, segs[j].flops});
       g.connect(f[j], b[j], EdgeKind::Data, 0, saved);  // the backward needs the forward's activations
       g.connect(b[j], update, EdgeKind::Data, segs[j].param_bytes, pgrad);
       if (j > 0) {

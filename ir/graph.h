@@ -54,6 +54,7 @@ struct Node {
   GroupId ranks = -1;       // every rank that runs it (a collective: all members of all its groups)
   int32_t axis = -1;        // collectives: the mesh axis they run along (their groups are its slices)
   int64_t bytes = 0;        // chunks: parameter bytes touched; comm: bytes each rank sends
+  int64_t flops = 0;        // chunks: forward FLOPs per sample of the regions it runs
   bool operator==(const Node&) const = default;
 };
 
@@ -70,7 +71,7 @@ class Graph {
  public:
   std::vector<Node> nodes;
   std::vector<Edge> edges;
-  std::vector<std::string> streams{"compute", "comm", "p2p"};
+  std::vector<std::string> streams{"compute", "comm", "p2p_send", "p2p_recv"};
   std::vector<std::string> tensor_names;
   std::vector<std::string> mesh_axes;  // axis index -> name, for collectives
 

@@ -82,7 +82,8 @@ TEST_CASE("1F1B over pp=2 with 4 microbatches: chunks, paired send/recv, tempora
   CHECK(c["RECV_B"] == 4);
   CHECK(g.ranks(find(g, "0SEND_F2").ranks) == std::vector<int32_t>{0});
   CHECK(g.ranks(find(g, "1RECV_F2").ranks) == std::vector<int32_t>{1});
-  CHECK(g.streams[find(g, "0SEND_F2").stream] == "p2p");
+  CHECK(g.streams[find(g, "0SEND_F2").stream] == "p2p_send");
+  CHECK(g.streams[find(g, "1RECV_F2").stream] == "p2p_recv");
   // fwd->fwd and bwd->bwd chains (3 per stage each) plus the 1F1B bound (2 + 3).
   CHECK(temporal_edges(g) == 2 * 3 * 2 + 2 + 3);
   // The activation crossing the cut is a [64, 64] float32 sample.

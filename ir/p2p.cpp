@@ -7,7 +7,10 @@ namespace piper::ir {
 
 void p2p_pass(LowerContext& c) {
   Graph& g = c.graph;
-  StreamId p2p = g.stream("p2p");  // P2P gets its own stream, as in the paper, so it cannot block compute
+  // P2P gets streams of its own, as in the paper: it never blocks compute, and sends and receives
+  // are separate FIFOs, so a rank's send can never wait behind its own receive (the classic 1F1B
+  // deadlock with blocking send/recv on one channel).
+  StreamId send_stream = g.stream("p2p_send"), recv_stream = g.stream("p2p_recv");
   int32_t axis = c.axis_index(c.strategy.pipeline_axis);
   const size_t n_edges = g.edges.size();
   for (size_t e = 0; e < n_edges; ++e) {
@@ -19,8 +22,8 @@ void p2p_pass(LowerContext& c) {
     bool backward = src.op != Op::F;
     Payload what = backward ? Payload::ActGrad : Payload::Act;
     uint8_t flags = backward ? kBackward : 0;
-    Node send{Op::Send, what, flags, p2p, src.segment, src.stage, src.microbatch, src.chunk, -1, -1, src.ranks, axis, edge.bytes};
-    Node recv{Op::Recv, what, flags, p2p, dst.segment, dst.stage, dst.microbatch, dst.chunk, -1, -1, dst.ranks, axis, edge.bytes};
+    Node send{Op::Send, what, flags, send_stream, src.segment, src.stage, src.microbatch, src.chunk, -1, -1, src.ranks, axis, edge.bytes};
+    Node recv{Op::Recv, what, flags, recv_stream, dst.segment, dst.stage, dst.microbatch, dst.chunk, -1, -1, dst.ranks, axis, edge.bytes};
     NodeId s = g.add(send), r = g.add(recv);
     g.edges[e].kind = EdgeKind::Dead;
     g.connect(edge.src, s, EdgeKind::Data, edge.bytes, edge.label);

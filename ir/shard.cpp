@@ -26,7 +26,10 @@ void shard_pass(LowerContext& c) {
       return c.activation_bytes(first.input);
     };
     for (Node& n : g.nodes)
-      if (is_chunk(n.op) && n.op != Op::U && is_expert_piece(n)) n.bytes /= ways;
+      if (is_chunk(n.op) && n.op != Op::U && is_expert_piece(n)) {
+        // Each rank holds members/ways experts; its tokens' expert work is spread the same way.
+        n.bytes /= ways;
+      }
 
     // Activations into an expert piece are dispatched; activations out of it are combined. The
     // backward mirrors it: gradients into the piece come back through the combine's transpose.

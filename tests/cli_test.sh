@@ -69,7 +69,7 @@ expect 0 "--list-passes" -- "$check" --list-passes
 contains out "replicate" "pass list"
 expect 0 "--print-after p2p" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --set pp=2 --set mb=1 --print-after p2p
 contains err "# after p2p" "print-after header"
-contains err "0SEND_F0 r0 p2p" "print-after content"
+contains err "0SEND_F0 r0 p2p_send" "print-after content"
 expect 2 "--print-after unknown pass" -- "$check" "$gpt" "$root/strategies/dp.piper" --print-after nosuchpass
 
 if ((fails)); then echo "cli_test: $fails failed"; exit 1; fi
