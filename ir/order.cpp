@@ -59,10 +59,12 @@ bool order_pass(LowerContext& c) {
         for (const Task& t : group)
           for (NodeId v : task_nodes(t)) g.nodes[static_cast<size_t>(v)].stream = st;
     }
+    // Co-scheduled tasks start together: their entry pieces form the group. Later pieces of a task
+    // cut at sharded regions follow as their data allows, interleaving with the partner's (their
+    // all-to-alls then hide behind the partner's compute, as in DualPipe).
     for (const auto& group : o->chain) {
       if (group.size() < 2) continue;
-      for (const Task& t : group)
-        for (NodeId v : task_nodes(t)) g.nodes[static_cast<size_t>(v)].overlap = overlap;
+      for (const Task& t : group) g.nodes[static_cast<size_t>(first(t))].overlap = overlap;
       ++overlap;
     }
     for (size_t k = 0; k + 1 < o->chain.size(); ++k)

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <fstream>
+#include <sstream>
 #include <algorithm>
 #include <functional>
 #include <iostream>
@@ -11,6 +12,9 @@
 #include "ir/emit.h"
 #include "ir/lower.h"
 #include "lang/diagnostic_verifier.h"
+#include "scheduler/emit.h"
+#include "scheduler/memory.h"
+#include "scheduler/schedule.h"
 #include "lang/frontend.h"
 #include "lang/internal_error.h"
 #include "lang/report.h"
@@ -19,11 +23,13 @@ namespace {
 
 using namespace piper;
 
-// What a mode sees: the checked strategy and its lowered DAG.
+// What a mode sees: the checked strategy, its lowered DAG and the schedule of that DAG.
 struct Checked {
   const CheckedStrategy& strategy;
   const Manifest& manifest;
   const ir::Graph& dag;
+  const sched::Schedule& schedule;
+  bool unit_costs;
 };
 
 // What `--emit` can produce. Later stages add rows here (schedule, trace, ...), ninja-tool style.
@@ -49,11 +55,35 @@ const std::vector<EmitMode>& emit_modes() {
        [](const Checked& c) { return ir::emit_dag_text(c.dag); }},
       {"dag-json", "the DAG as JSON: {nodes: [...], edges: [...]}", [](const Checked& c) { return ir::emit_dag_json(c.dag); }},
       {"dot", "the DAG for Graphviz (dot -Tsvg)", [](const Checked& c) { return ir::emit_dot(c.dag); }},
+      {"schedule", "per rank and stream, the ordered op tokens (with cross-stream event waits)",
+       [](const Checked& c) { return sched::emit_schedule(c.dag, c.schedule); }},
+      {"torch-csv", "compute order per pipeline rank in PyTorch pipelining's CSV action format",
+       [](const Checked& c) { return sched::emit_torch_csv(c.dag, c.schedule); }},
+      {"trace", "the simulated timeline as Chrome/Perfetto trace JSON (a track per rank and stream)",
+       [](const Checked& c) { return sched::emit_trace(c.dag, c.schedule, c.unit_costs); }},
+      {"svg", "a pipeline picture of the simulated timeline", [](const Checked& c) { return sched::emit_svg(c.dag, c.schedule); }},
   };
   return modes;
 }
 
 constexpr int kOk = 0, kInvalid = 1, kUsage = 2;
+
+// "80GiB", "1.5e9", "512MB" -> bytes.
+std::optional<double> parse_size(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  std::string unit = text.substr(used);
+  static const std::pair<const char*, double> kUnits[] = {{"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9},
+      {"TB", 1e12}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  for (auto [u, f] : kUnits)
+    if (unit == u) return v < 0 ? std::nullopt : std::optional<double>(v * f);
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -63,8 +93,8 @@ int main(int argc, char** argv) {
   std::string model, strategy, emit = "report", output;
   std::optional<int64_t> np, batch;
   std::vector<std::string> sets, include_dirs;
-  bool verify = false, list_emits = false, list_passes = false, verify_each = false;
-  std::string print_after;
+  bool verify = false, list_emits = false, list_passes = false, verify_each = false, simulate = false;
+  std::string print_after, cost_spec, machine_path, budget_text;
   app.add_option("MODEL", model, "model.pt (TorchScript archive with piper/manifest.json) or a manifest .json");
   app.add_option("STRATEGY", strategy, "strategy file (.piper)");
   app.add_option("--np", np, "world size (number of ranks); default: the mesh's size");
@@ -79,6 +109,10 @@ int main(int argc, char** argv) {
   app.add_flag("--list-passes", list_passes, "list the lowering passes and exit");
   app.add_option("--print-after", print_after, "print the DAG (as --emit dag) after lowering pass PASS, to stderr");
   app.add_flag("--verify-each", verify_each, "run the DAG verifier after every pass (a failure is a Piper bug)");
+  app.add_flag("--simulate", simulate, "simulate the step: per-rank busy/idle, bubble, peak memory (exit 1 over budget)");
+  app.add_option("--machine", machine_path, "machine description for costs (machines/h100.json, a100, h200, unit)");
+  app.add_option("--cost", cost_spec, "unit costs instead of a machine: F=1,B=2,W=1,comm=0[,FB=..] (the default)");
+  app.add_option("--memory-budget", budget_text, "per-device memory budget for --simulate, e.g. 80GiB");
   app.add_flag("--verify-diagnostics", verify,
                "test mode: check the diagnostics against `# expected-error {{...}}` comments in the sources");
   try {
@@ -109,6 +143,7 @@ int main(int argc, char** argv) {
     return kUsage;
   }
 
+  int64_t samples = 1;
   try {
     SourceManager sources;
     DiagnosticEngine diags(sources);
@@ -130,6 +165,73 @@ int main(int argc, char** argv) {
         };
       dag = ir::lower(*r.strategy, *r.manifest, diags, lower);
       if (!dag) r.status = FrontendStatus::Invalid;
+      samples = lower.samples_per_microbatch;
+    }
+    // Schedule (and so simulate) every valid plan: a plan that can hang is an error by default.
+    std::optional<sched::Schedule> plan;
+    std::optional<sched::CostModel> costs;
+    if (dag) {
+      if (!machine_path.empty()) {
+        std::ifstream in(machine_path);
+        if (!in) {
+          fmt::print(stderr, "piper-check: error: {}: cannot open\n", machine_path);
+          return kUsage;
+        }
+        std::ostringstream text;
+        text << in.rdbuf();
+        auto mc = sched::parse_machine(sources.add(machine_path, text.str()), sources, diags);
+        if (mc) costs = sched::CostModel::machine(*mc, dag->mesh_axes, samples);
+      } else {
+        std::string error;
+        auto unit = sched::parse_unit_costs(cost_spec, &error);
+        if (!unit) {
+          fmt::print(stderr, "piper-check: error: {}\n", error);
+          return kUsage;
+        }
+        costs = sched::CostModel::unit(*unit);
+      }
+      if (costs) {
+        sched::ScheduleOptions so;
+        for (const auto& a : r.strategy->mesh) so.axis_sizes.push_back(a.size);
+        plan = sched::schedule(*dag, *costs, so, diags, *r.strategy);
+        if (plan)
+          if (auto hang = sched::find_deadlock(*dag, *plan)) {
+            diags.error(SourceLoc{}, *hang);
+            plan.reset();
+          }
+      }
+      if (!plan) r.status = FrontendStatus::Invalid;
+    }
+    std::string sim_text;
+    if (plan && simulate) {
+      double budget = 0;
+      if (!budget_text.empty()) {
+        auto b = parse_size(budget_text);
+        if (!b) {
+          fmt::print(stderr, "piper-check: error: --memory-budget: '{}' is not a size like 80GiB\n", budget_text);
+          return kUsage;
+        }
+        budget = *b;
+      }
+      auto mem = sched::memory_use(*dag, *plan, *r.strategy, *r.manifest, samples);
+      bool over = false;
+      sim_text = sched::simulate_report(*dag, *plan, mem, budget, costs->is_unit(), &over);
+      if (over) {
+        // Name the directive that decides the most memory: ZeRO for model states, split for activations.
+        const auto worst = *std::max_element(mem.begin(), mem.end(), [](auto& a, auto& b) { return a.peak() < b.peak(); });
+        bool states = worst.params + worst.grads + worst.optimizer > worst.peak_dynamic;
+        SourceLoc at;
+        for (const auto& d : r.strategy->directives)
+          if ((states && std::holds_alternative<ReplicateDirective>(d.body)) ||
+              (!states && std::holds_alternative<SplitDirective>(d.body)))
+            at = d.loc;
+        auto& d = diags.error(at, fmt::format("the plan needs {:.2f} GiB on its fullest device, over the budget of "
+                                              "{:.2f} GiB",
+                                              double(worst.peak()) / (1 << 30), budget / (1 << 30)));
+        d.note(SourceLoc{}, states ? "model states dominate: shard them further (replicate ... zero 3) or use more pipeline stages"
+                                   : "activations dominate: recompute, fewer microbatches in flight, or more pipeline stages");
+        r.status = FrontendStatus::Invalid;
+      }
     }
     if (verify) {
       if (r.status == FrontendStatus::IoError) {
@@ -146,8 +248,9 @@ int main(int argc, char** argv) {
       return kUsage;
     }
     if (r.status != FrontendStatus::Ok) return kInvalid;
-    std::string text = mode->emit(Checked{*r.strategy, *r.manifest, *dag});
+    std::string text = mode->emit(Checked{*r.strategy, *r.manifest, *dag, *plan, costs->is_unit()});
     if (emit == "report") text = fmt::format("{}: ok\n{}", strategy, text);
+    if (simulate) text += fmt::format("simulated step ({}):\n{}", costs->is_unit() ? "unit costs" : machine_path, sim_text);
     if (output.empty()) {
       std::cout << text;
     } else {

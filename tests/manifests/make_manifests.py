@@ -87,7 +87,8 @@ def model(arch, layers=8, d=64, heads=4, ffn=256, vocab=256, seq=64, experts=8, 
 
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "."
-    for name, arch in (("gpt8", "gpt"), ("moe8", "moe")):
+    # gpt32: deep and narrow, for pipeline studies up to 16 stages (32 for V-shapes).
+    for name, arch, layers in (("gpt8", "gpt", 8), ("moe8", "moe", 8), ("gpt32", "gpt", 32)):
         with open(f"{out}/{name}.json", "w") as f:
-            json.dump(model(arch), f, indent=1)
+            json.dump(model(arch, layers=layers), f, indent=1)
             f.write("\n")

@@ -1,0 +1,28 @@
+// What piper-check shows of a schedule: stream programs, PyTorch's schedule CSV, a Perfetto trace,
+// an SVG pipeline picture, and the --simulate table.
+#pragma once
+#include <optional>
+#include <string>
+
+#include "ir/graph.h"
+#include "scheduler/memory.h"
+#include "scheduler/schedule.h"
+
+namespace piper::sched {
+
+std::string emit_schedule(const ir::Graph& g, const Schedule& s);
+std::string emit_torch_csv(const ir::Graph& g, const Schedule& s);
+std::string emit_trace(const ir::Graph& g, const Schedule& s, bool unit_costs);
+std::string emit_svg(const ir::Graph& g, const Schedule& s);
+
+struct RankStats {
+  double busy = 0, idle = 0;  // compute-stream time, and the rest of the step
+  double bubble() const { return busy + idle > 0 ? idle / (busy + idle) : 0; }
+};
+std::vector<RankStats> rank_stats(const ir::Graph& g, const Schedule& s);
+
+// The --simulate table; `budget` in bytes (0: none). `over_budget` is set when a class exceeds it.
+std::string simulate_report(const ir::Graph& g, const Schedule& s, const std::vector<MemoryUse>& mem, double budget,
+                            bool unit_costs, bool* over_budget);
+
+}  // namespace piper::sched

@@ -1,0 +1,53 @@
+// Per-rank stream programs and the simulated timeline they were scheduled from.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "lang/diagnostic.h"
+#include "lang/strategy.h"
+#include "scheduler/cost_model.h"
+
+namespace piper::sched {
+
+// Ranks that hold the same stages run the same program (data- and expert-parallel replicas), so
+// programs are computed once per class and shared by its ranks.
+struct StreamProgram {
+  ir::StreamId stream = 0;
+  std::vector<ir::NodeId> ops;  // the total order this stream runs
+};
+
+struct ClassProgram {
+  std::vector<int32_t> ranks;
+  std::vector<StreamProgram> streams;
+};
+
+struct Schedule {
+  std::vector<ClassProgram> classes;
+  std::vector<int32_t> node_class;               // node -> class
+  std::vector<double> start, finish;             // simulated, per node
+  std::vector<std::vector<ir::NodeId>> waits;    // per node: predecessors on another stream of its class (events)
+  double step_time = 0;
+  int32_t class_of_rank(int32_t rank) const;
+};
+
+struct ScheduleOptions {
+  std::vector<int64_t> axis_sizes;  // mesh axis sizes, for collective costs
+};
+
+// List-schedules the DAG over every (class, stream), simulating as it goes. Among ready ops of a
+// stream it picks the earliest simulated start; ties go to, in turn: communication, then backward
+// (B, BI), then forward, then weight gradients (BW, which fill bubbles), then updates; then the
+// lower microbatch, the lower stage, the lower node id. Reports a stall (e.g. tasks ordered to
+// overlap that depend on each other) as a deadlock and returns nothing.
+std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, const ScheduleOptions& options,
+                                 DiagnosticEngine& diags, const CheckedStrategy& strategy);
+
+// The static deadlock check: runs every class's programs with blocking semantics (a send completes
+// only when its receive is posted, and vice versa; an op waits for its events). Returns the
+// rank × step grid with `<-- ERROR HERE` and the cycle of waits when the programs can hang.
+std::optional<std::string> find_deadlock(const ir::Graph& g, const Schedule& s);
+
+}  // namespace piper::sched

@@ -1,0 +1,323 @@
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <map>
+#include <unordered_map>
+
+#include "ir/emit.h"
+#include "lang/internal_error.h"
+#include "scheduler/schedule.h"
+
+namespace piper::sched {
+
+using ir::Node;
+using ir::NodeId;
+using ir::Op;
+
+int32_t Schedule::class_of_rank(int32_t rank) const {
+  for (size_t c = 0; c < classes.size(); ++c)
+    if (std::binary_search(classes[c].ranks.begin(), classes[c].ranks.end(), rank)) return static_cast<int32_t>(c);
+  return -1;
+}
+
+namespace {
+
+int priority(Op op) {
+  switch (op) {
+    case Op::B:
+    case Op::BI: return 1;
+    case Op::F: return 2;
+    case Op::BW: return 3;
+    case Op::U: return 4;
+    default: return 0;  // communication unblocks others
+  }
+}
+
+struct Unit {  // what is scheduled at once: one node, or an overlap group's members
+  std::vector<NodeId> nodes;
+};
+
+}  // namespace
+
+std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, const ScheduleOptions& options,
+                                 DiagnosticEngine& diags, const CheckedStrategy& strategy) {
+  const size_t n = g.nodes.size();
+  Schedule s;
+  s.node_class.assign(n, -1);
+  s.start.assign(n, 0);
+  s.finish.assign(n, 0);
+  s.waits.assign(n, {});
+
+  // Classes: the distinct rank sets of the nodes, in order of first appearance.
+  std::unordered_map<ir::GroupId, int32_t> class_of_group;
+  for (size_t v = 0; v < n; ++v) {
+    auto [it, fresh] = class_of_group.emplace(g.nodes[v].ranks, static_cast<int32_t>(s.classes.size()));
+    if (fresh) s.classes.push_back(ClassProgram{g.ranks(g.nodes[v].ranks), {}});
+    s.node_class[v] = it->second;
+  }
+  // Resources: one per (class, stream).
+  std::map<std::pair<int32_t, ir::StreamId>, int32_t> resource_index;
+  std::vector<std::pair<int32_t, ir::StreamId>> resources;
+  std::vector<int32_t> resource(n);
+  for (size_t v = 0; v < n; ++v) {
+    auto key = std::make_pair(s.node_class[v], g.nodes[v].stream);
+    auto [it, fresh] = resource_index.emplace(key, static_cast<int32_t>(resources.size()));
+    if (fresh) resources.push_back(key);
+    resource[v] = it->second;
+  }
+  // Overlap groups must share a resource: co-scheduled work runs on one device, one stream.
+  std::unordered_map<int32_t, std::vector<NodeId>> overlap;
+  for (size_t v = 0; v < n; ++v)
+    if (g.nodes[v].overlap >= 0) overlap[g.nodes[v].overlap].push_back(static_cast<NodeId>(v));
+  for (const auto& [id, members] : overlap)
+    for (NodeId m : members)
+      if (resource[static_cast<size_t>(m)] != resource[static_cast<size_t>(members.front())]) {
+        diags.error(SourceLoc{}, fmt::format("{} and {} are ordered to overlap (`||`) but run on different devices or "
+                                             "streams",
+                                             ir::token(g.nodes[static_cast<size_t>(members.front())]),
+                                             ir::token(g.nodes[static_cast<size_t>(m)])));
+        return std::nullopt;
+      }
+
+  ir::Graph::Adjacency adj = g.adjacency();
+  std::vector<int32_t> pending(n);
+  std::vector<double> ready_at(n, 0);
+  for (size_t v = 0; v < n; ++v) pending[v] = adj.in_offsets[v + 1] - adj.in_offsets[v];
+  std::vector<std::vector<NodeId>> ready(resources.size());  // per resource, in becoming-ready order
+  for (size_t v = 0; v < n; ++v)
+    if (pending[v] == 0) ready[static_cast<size_t>(resource[v])].push_back(static_cast<NodeId>(v));
+  std::vector<double> free_at(resources.size(), 0);
+  std::vector<bool> done(n, false);
+  std::vector<std::vector<NodeId>> order(resources.size());
+
+  // ZeRO-3 gathers are issued just in time: once their consumer waits for nothing but gathers.
+  // Issued as soon as possible they would all start at once and hold every microbatch's full
+  // parameters together, which no real system does (it prefetches a bucket or two ahead).
+  std::vector<int32_t> gathers_pending(n, 0);
+  for (const ir::Edge& e : g.edges)
+    if (g.nodes[static_cast<size_t>(e.src)].flags & ir::kMaterialize) ++gathers_pending[static_cast<size_t>(e.dst)];
+  auto consumers_waiting_only_on_gathers = [&](NodeId v) {
+    for (int32_t k = adj.out_offsets[static_cast<size_t>(v)]; k < adj.out_offsets[static_cast<size_t>(v) + 1]; ++k) {
+      size_t c = static_cast<size_t>(g.edges[static_cast<size_t>(adj.out_edges[static_cast<size_t>(k)])].dst);
+      if (pending[c] > gathers_pending[c]) return false;
+    }
+    return true;
+  };
+
+  auto group_size = [&](const Node& x) -> int64_t {
+    return x.axis >= 0 && static_cast<size_t>(x.axis) < options.axis_sizes.size() ? options.axis_sizes[static_cast<size_t>(x.axis)] : 1;
+  };
+  // A candidate is schedulable when it (and every overlap partner) is ready.
+  auto unit_of = [&](NodeId v) -> std::optional<Unit> {
+    const Node& x = g.nodes[static_cast<size_t>(v)];
+    if ((x.flags & ir::kMaterialize) && !consumers_waiting_only_on_gathers(v)) return std::nullopt;
+    if (x.overlap < 0) return Unit{{v}};
+    Unit u{overlap.at(x.overlap)};
+    for (NodeId m : u.nodes)
+      if (pending[static_cast<size_t>(m)] != 0 || done[static_cast<size_t>(m)]) return std::nullopt;
+    return u;
+  };
+
+  size_t remaining = n;
+  while (remaining > 0) {
+    struct Best {
+      double est;
+      int prio;
+      int32_t mb, stage;
+      NodeId node;
+      int32_t res;
+      bool operator<(const Best& o) const {
+        return std::tie(est, prio, mb, stage, node) < std::tie(o.est, o.prio, o.mb, o.stage, o.node);
+      }
+    };
+    std::optional<Best> best;
+    for (size_t r = 0; r < resources.size(); ++r)
+      for (NodeId v : ready[r]) {
+        auto u = unit_of(v);
+        if (!u) continue;
+        double t = free_at[r];
+        for (NodeId m : u->nodes) t = std::max(t, ready_at[static_cast<size_t>(m)]);
+        const Node& x = g.nodes[static_cast<size_t>(v)];
+        Best b{t, priority(x.op), x.microbatch, x.stage, v, static_cast<int32_t>(r)};
+        if (!best || b < *best) best = b;
+      }
+    if (!best) {
+      // Nothing can start although work remains: co-scheduled tasks that wait on each other.
+      std::vector<std::string> stuck;
+      for (size_t r = 0; r < resources.size(); ++r)
+        for (NodeId v : ready[r])
+          if (g.nodes[static_cast<size_t>(v)].overlap >= 0) {
+            std::vector<std::string> partners;
+            for (NodeId m : overlap.at(g.nodes[static_cast<size_t>(v)].overlap))
+              partners.push_back(fmt::format("{}{}", ir::token(g.nodes[static_cast<size_t>(m)]),
+                                             pending[static_cast<size_t>(m)] ? " (waiting)" : " (ready)"));
+            stuck.push_back(fmt::format("{}", fmt::join(partners, " || ")));
+          }
+      std::sort(stuck.begin(), stuck.end());
+      stuck.erase(std::unique(stuck.begin(), stuck.end()), stuck.end());
+      auto& d = diags.error(SourceLoc{}, fmt::format("the plan deadlocks: {} of {} tasks can never start", remaining, n));
+      for (size_t i = 0; i < std::min<size_t>(stuck.size(), 4); ++i)
+        d.note(SourceLoc{}, "tasks ordered to overlap must start together, but one waits on the other: " + stuck[i]);
+      for (const auto& dir : strategy.directives)
+        if (const auto* o = std::get_if<OrderDirective>(&dir.body))
+          for (const auto& group : o->chain)
+            if (group.size() > 1) {
+              d.note(dir.loc, "an overlap (`||`) is ordered here");
+              return std::nullopt;
+            }
+      return std::nullopt;
+    }
+    Unit u = *unit_of(best->node);
+    double dur = 0;
+    for (NodeId m : u.nodes) dur += costs.cost(g.nodes[static_cast<size_t>(m)], group_size(g.nodes[static_cast<size_t>(m)]));
+    if (u.nodes.size() > 1) dur = costs.overlap(dur);
+    const double start = best->est, finish = start + dur;
+    free_at[static_cast<size_t>(best->res)] = finish;
+    auto& rlist = ready[static_cast<size_t>(best->res)];
+    for (NodeId m : u.nodes) {
+      s.start[static_cast<size_t>(m)] = start;
+      s.finish[static_cast<size_t>(m)] = finish;
+      done[static_cast<size_t>(m)] = true;
+      order[static_cast<size_t>(best->res)].push_back(m);
+      rlist.erase(std::find(rlist.begin(), rlist.end(), m));
+      --remaining;
+    }
+    for (NodeId m : u.nodes)
+      for (int32_t k = adj.out_offsets[static_cast<size_t>(m)]; k < adj.out_offsets[static_cast<size_t>(m) + 1]; ++k) {
+        NodeId w = g.edges[static_cast<size_t>(adj.out_edges[static_cast<size_t>(k)])].dst;
+        ready_at[static_cast<size_t>(w)] = std::max(ready_at[static_cast<size_t>(w)], finish);
+        if (g.nodes[static_cast<size_t>(m)].flags & ir::kMaterialize) --gathers_pending[static_cast<size_t>(w)];
+        if (--pending[static_cast<size_t>(w)] == 0) ready[static_cast<size_t>(resource[static_cast<size_t>(w)])].push_back(w);
+      }
+  }
+
+  for (size_t r = 0; r < resources.size(); ++r)
+    s.classes[static_cast<size_t>(resources[r].first)].streams.push_back(StreamProgram{resources[r].second, std::move(order[r])});
+  for (auto& c : s.classes)
+    std::sort(c.streams.begin(), c.streams.end(), [](auto& a, auto& b) { return a.stream < b.stream; });
+  // Events only where a dependency crosses streams of one class.
+  for (const ir::Edge& e : g.edges) {
+    size_t a = static_cast<size_t>(e.src), b = static_cast<size_t>(e.dst);
+    if (s.node_class[a] == s.node_class[b] && g.nodes[a].stream != g.nodes[b].stream) s.waits[b].push_back(e.src);
+  }
+  for (size_t v = 0; v < n; ++v) s.step_time = std::max(s.step_time, s.finish[v]);
+  return s;
+}
+
+std::optional<std::string> find_deadlock(const ir::Graph& g, const Schedule& s) {
+  const size_t n = g.nodes.size();
+  // Each (class, stream) runs its ops in order; pointer = the op at its head.
+  struct Stream {
+    int32_t cls;
+    const StreamProgram* prog;
+    size_t head = 0;
+  };
+  std::vector<Stream> streams;
+  std::vector<int32_t> stream_of(n, -1);
+  std::vector<size_t> position(n, 0);
+  for (size_t c = 0; c < s.classes.size(); ++c)
+    for (const auto& p : s.classes[c].streams) {
+      for (size_t i = 0; i < p.ops.size(); ++i) {
+        stream_of[static_cast<size_t>(p.ops[i])] = static_cast<int32_t>(streams.size());
+        position[static_cast<size_t>(p.ops[i])] = i;
+      }
+      streams.push_back(Stream{static_cast<int32_t>(c), &p});
+    }
+  ir::Graph::Adjacency adj = g.adjacency();
+  std::vector<bool> done(n, false);
+  auto at_head = [&](NodeId v) {
+    const Stream& st = streams[static_cast<size_t>(stream_of[static_cast<size_t>(v)])];
+    return st.head < st.prog->ops.size() && st.prog->ops[st.head] == v;
+  };
+  // What a head op is blocked on: a predecessor not done yet, or its rendezvous partner not posted.
+  auto blocker = [&](NodeId v) -> std::optional<NodeId> {
+    const Node& x = g.nodes[static_cast<size_t>(v)];
+    for (int32_t k = adj.in_offsets[static_cast<size_t>(v)]; k < adj.in_offsets[static_cast<size_t>(v) + 1]; ++k) {
+      NodeId u = g.edges[static_cast<size_t>(adj.in_edges[static_cast<size_t>(k)])].src;
+      if (x.op == Op::Recv && g.nodes[static_cast<size_t>(u)].op == Op::Send) continue;  // the rendezvous, below
+      if (!done[static_cast<size_t>(u)]) return u;
+    }
+    auto partner = [&]() -> NodeId {
+      if (x.op == Op::Recv)
+        for (int32_t k = adj.in_offsets[static_cast<size_t>(v)]; k < adj.in_offsets[static_cast<size_t>(v) + 1]; ++k) {
+          NodeId u = g.edges[static_cast<size_t>(adj.in_edges[static_cast<size_t>(k)])].src;
+          if (g.nodes[static_cast<size_t>(u)].op == Op::Send) return u;
+        }
+      for (int32_t k = adj.out_offsets[static_cast<size_t>(v)]; k < adj.out_offsets[static_cast<size_t>(v) + 1]; ++k) {
+        NodeId w = g.edges[static_cast<size_t>(adj.out_edges[static_cast<size_t>(k)])].dst;
+        if (g.nodes[static_cast<size_t>(w)].op == Op::Recv) return w;
+      }
+      return -1;
+    };
+    if (x.op == Op::Send || x.op == Op::Recv) {
+      NodeId p = partner();
+      if (p >= 0 && !done[static_cast<size_t>(p)] && !at_head(p)) return p;
+    }
+    return std::nullopt;
+  };
+
+  size_t finished = 0;
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (auto& st : streams) {
+      while (st.head < st.prog->ops.size()) {
+        NodeId v = st.prog->ops[st.head];
+        if (blocker(v)) break;
+        done[static_cast<size_t>(v)] = true;
+        ++st.head;
+        ++finished;
+        progress = true;
+      }
+    }
+  }
+  if (finished == n) return std::nullopt;
+
+  // Follow "blocked by" from one stuck stream until a stream repeats: that is the cycle of waits.
+  std::vector<std::string> cycle;
+  std::map<int32_t, size_t> seen;
+  int32_t cur = -1;
+  for (size_t i = 0; i < streams.size(); ++i)
+    if (streams[i].head < streams[i].prog->ops.size()) {
+      cur = static_cast<int32_t>(i);
+      break;
+    }
+  std::vector<int32_t> path;
+  while (cur >= 0 && !seen.count(cur)) {
+    seen[cur] = path.size();
+    path.push_back(cur);
+    const Stream& st = streams[static_cast<size_t>(cur)];
+    NodeId head = st.prog->ops[st.head];
+    auto b = blocker(head);
+    cur = b ? stream_of[static_cast<size_t>(*b)] : -1;
+  }
+  auto name = [&](int32_t si) {
+    const Stream& st = streams[static_cast<size_t>(si)];
+    return fmt::format("rank {} {}", ir::rank_list(s.classes[static_cast<size_t>(st.cls)].ranks), g.streams[st.prog->stream]);
+  };
+  std::string out = "the per-rank programs deadlock (blocking send/recv and events):\n";
+  for (size_t i = 0; i < streams.size(); ++i) {
+    const Stream& st = streams[i];
+    out += fmt::format("  {:<24}", name(static_cast<int32_t>(i)) + ":");
+    for (size_t k = 0; k < st.prog->ops.size(); ++k) {
+      out += " " + ir::token(g.nodes[static_cast<size_t>(st.prog->ops[k])]);
+      if (k == st.head) {
+        out += "  <-- ERROR HERE";
+        break;
+      }
+    }
+    out += "\n";
+  }
+  if (cur >= 0) {
+    out += "  cycle of waits:";
+    for (size_t i = seen[cur]; i < path.size(); ++i) {
+      const Stream& st = streams[static_cast<size_t>(path[i])];
+      out += fmt::format(" {} [{}] ->", name(path[i]), ir::token(g.nodes[static_cast<size_t>(st.prog->ops[st.head])]));
+    }
+    out += fmt::format(" {}\n", name(cur));
+  }
+  return out;
+}
+
+}  // namespace piper::sched

@@ -1,0 +1,190 @@
+#include "scheduler/schedule.h"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include "ir/lower.h"
+#include "scheduler/emit.h"
+#include "scheduler/memory.h"
+#include "tests/lang_fixture.h"
+
+using namespace piper;
+using namespace piper::sched;
+using piper::testing::Front;
+
+namespace {
+struct Planned {
+  CheckedStrategy strategy;
+  ir::Graph dag;
+  Schedule schedule;
+};
+
+Planned plan(Front& f, const std::string& text, std::vector<std::string> sets, UnitCosts costs = {}) {
+  CommandLine cmd;
+  cmd.sets = std::move(sets);
+  auto s = f.check(text, cmd);
+  REQUIRE_MESSAGE(s, f.errors());
+  ir::LowerOptions lo;
+  lo.verify_each = true;
+  auto g = ir::lower(*s, f.manifest, f.diags, lo);
+  REQUIRE_MESSAGE(g, f.errors());
+  ScheduleOptions so;
+  for (const auto& a : s->mesh) so.axis_sizes.push_back(a.size);
+  auto sch = schedule(*g, CostModel::unit(costs), so, f.diags, *s);
+  REQUIRE_MESSAGE(sch, f.errors());
+  auto hang = find_deadlock(*g, *sch);
+  CHECK_MESSAGE(!hang, hang.value_or(""));
+  return Planned{std::move(*s), std::move(*g), std::move(*sch)};
+}
+
+// Idle time of every pipeline rank (all equal in these schedules) and the step time.
+std::pair<double, double> bubble(const Planned& p) {
+  auto stats = rank_stats(p.dag, p.schedule);
+  double idle = stats.front().idle;
+  for (const auto& r : stats) CHECK(r.idle == doctest::Approx(idle));
+  return {idle, p.schedule.step_time};
+}
+
+std::vector<std::string> compute_order(const Planned& p, int32_t rank) {
+  auto csv = emit_torch_csv(p.dag, p.schedule);
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start < csv.size()) {
+    size_t end = csv.find('\n', start);
+    lines.push_back(csv.substr(start, end - start));
+    start = end + 1;
+  }
+  return {lines.at(static_cast<size_t>(rank))};
+}
+}  // namespace
+
+// With unit costs F=1, B=2, W=1, comm=0 the simulated bubbles equal the DualPipe paper's table.
+TEST_CASE("1F1B: bubble (PP-1)(F+B), fraction (p-1)/(m+p-1), for PP 4, 8, 16") {
+  for (int p : {4, 8, 16}) {
+    CAPTURE(p);
+    Front f("gpt32");
+    int m = 2 * p;
+    auto pl = plan(f, "use \"1f1b.piper\";\n", {fmt::format("pp={}", p), fmt::format("mb={}", m)});
+    auto [idle, step] = bubble(pl);
+    CHECK(idle == doctest::Approx((p - 1) * (1 + 2)));
+    CHECK(idle / step == doctest::Approx(double(p - 1) / (m + p - 1)));
+  }
+}
+
+TEST_CASE("GPipe: the same bubble fraction (p-1)/(m+p-1)") {
+  for (int p : {4, 8, 16}) {
+    CAPTURE(p);
+    Front f("gpt32");
+    auto pl = plan(f, "use \"gpipe.piper\";\n", {fmt::format("pp={}", p), "mb=8"});
+    auto [idle, step] = bubble(pl);
+    CHECK(idle / step == doctest::Approx(double(p - 1) / (8 + p - 1)));
+  }
+}
+
+TEST_CASE("ZB1P: bubble (PP-1)(F+B-2W)") {
+  for (int p : {4, 8, 16}) {
+    CAPTURE(p);
+    Front f("gpt32");
+    auto pl = plan(f, "use \"zb1p.piper\";\n", {fmt::format("pp={}", p), fmt::format("mb={}", 2 * p)});
+    CHECK(bubble(pl).first == doctest::Approx((p - 1) * (1 + 2 - 2 * 1)));
+  }
+}
+
+TEST_CASE("DualPipeV: bubble (PP/2-1)(F&B+B-3W) for PP = 4, 8, 16 stages") {
+  for (int stages : {4, 8, 16}) {
+    CAPTURE(stages);
+    Front f("gpt32");
+    int ranks = stages / 2;
+    auto pl = plan(f, "use \"dualpipev.piper\";\n", {fmt::format("pp={}", ranks), fmt::format("mb={}", 2 * stages)});
+    const double fb = 1 + 2;  // an overlapped forward+backward pair, unit costs
+    CHECK(bubble(pl).first == doctest::Approx((stages / 2 - 1) * (fb + 2 - 3 * 1)));
+  }
+}
+
+TEST_CASE("the library's 1F1B comes out as textbook 1F1B: warm-up p-s-1 forwards, alternate, cool down") {
+  Front f;
+  auto pl = plan(f, "use \"1f1b.piper\";\n", {"pp=4", "mb=8"});
+  CHECK(compute_order(pl, 0)[0] == "0F0,0F1,0F2,0F3,0B0,0F4,0B1,0F5,0B2,0F6,0B3,0F7,0B4,0B5,0B6,0B7");
+  CHECK(compute_order(pl, 3)[0] == "3F0,3B0,3F1,3B1,3F2,3B2,3F3,3B3,3F4,3B4,3F5,3B5,3F6,3B6,3F7,3B7");
+}
+
+TEST_CASE("interleaved 1F1B follows Megatron's order: chunks in groups of pp microbatches") {
+  Front f;
+  auto pl = plan(f, "use \"interleaved_1f1b.piper\";\n", {"pp=2", "v=2", "mb=4"});
+  // Rank 0 holds stages 0 and 2; warm-up (pp-r-1)*2 + (v-1)*pp = 4 forwards.
+  CHECK(compute_order(pl, 0)[0] == "0F0,0F1,2F0,2F1,0F2,2B0,0F3,2B1,2F2,0B0,2F3,0B1,2B2,2B3,0B2,0B3");
+}
+
+TEST_CASE("DualPipeV overlaps a forward of one chunk with a backward of the other, in torch's CSV") {
+  Front f;
+  auto pl = plan(f, "use \"dualpipev.piper\";\n", {"pp=2", "mb=4"});
+  std::string r0 = compute_order(pl, 0)[0];
+  CHECK(r0.find("OVERLAP_F_B") != std::string::npos);
+  // Rank 0 of 2: (p-r-1)*2 = 2 warm-up forwards of stage 0, then both chunks (stage 3 is its way back up).
+  CHECK(r0.rfind("0F0,0F1,0F2,3F0", 0) == 0);
+}
+
+TEST_CASE("tasks ordered to overlap that depend on each other are a deadlock, found statically") {
+  Front f;
+  auto s = f.check("split batch into 2;\norder fwd(0, 1) || bwd(0, 1);\n");
+  REQUIRE(s);
+  auto g = ir::lower(*s, f.manifest, f.diags);
+  REQUIRE(g);
+  CHECK(!schedule(*g, CostModel::unit({}), {}, f.diags, *s));
+  CHECK(f.first_error().find("the plan deadlocks") == 0);
+}
+
+TEST_CASE("the static check finds blocking send/recv deadlocks in hand-built programs") {
+  // Two ranks that both send before they receive, on one stream each: the classic hang.
+  ir::Graph g;
+  ir::GroupId r0 = g.group({0}), r1 = g.group({1});
+  auto add = [&](ir::Op op, ir::Payload p, int32_t stage, ir::GroupId r, ir::StreamId st) {
+    ir::Node n;
+    n.op = op;
+    n.payload = p;
+    n.stage = stage;
+    n.microbatch = 0;
+    n.ranks = r;
+    n.stream = st;
+    return g.add(n);
+  };
+  ir::NodeId s01 = add(ir::Op::Send, ir::Payload::Act, 0, r0, 2), r01 = add(ir::Op::Recv, ir::Payload::Act, 1, r1, 2);
+  ir::NodeId s10 = add(ir::Op::Send, ir::Payload::ActGrad, 1, r1, 2), r10 = add(ir::Op::Recv, ir::Payload::ActGrad, 0, r0, 2);
+  g.connect(s01, r01, ir::EdgeKind::Data);
+  g.connect(s10, r10, ir::EdgeKind::Data);
+  Schedule s;
+  s.node_class = {0, 1, 1, 0};
+  s.classes = {ClassProgram{{0}, {StreamProgram{2, {s01, r10}}}}, ClassProgram{{1}, {StreamProgram{2, {s10, r01}}}}};
+  auto hang = find_deadlock(g, s);
+  REQUIRE(hang);
+  CHECK(hang->find("rank 0 p2p_send:") != std::string::npos);
+  CHECK(hang->find("0SEND_F0  <-- ERROR HERE") != std::string::npos);
+  CHECK(hang->find("cycle of waits: rank 0 p2p_send [0SEND_F0] -> rank 1 p2p_send [1SEND_B0] -> rank 0 p2p_send") !=
+        std::string::npos);
+  // Receive first on one side and it runs.
+  s.classes[1].streams[0].ops = {r01, s10};
+  CHECK(!find_deadlock(g, s));
+}
+
+TEST_CASE("memory: ZeRO stages shrink model states; 1F1B holds pp-s microbatches of activations") {
+  Front f;
+  auto plain = plan(f, "mesh dp = 2;\nreplicate * over dp;\n", {});
+  auto z3 = plan(f, "mesh dp = 2;\nreplicate * over dp zero 3;\n", {});
+  auto m0 = memory_use(plain.dag, plain.schedule, plain.strategy, f.manifest, 1);
+  auto m3 = memory_use(z3.dag, z3.schedule, z3.strategy, f.manifest, 1);
+  const int64_t p = f.manifest.param_bytes(0);
+  CHECK(m0[0].params == p);
+  CHECK(m0[0].optimizer == 2 * p);
+  CHECK(m3[0].params == p / 2);
+  CHECK(m3[0].grads == p / 2);
+  CHECK(m3[0].optimizer == p);
+  CHECK(m3[0].peak_dynamic > m0[0].peak_dynamic);  // the gathered parameters
+
+  Front g;
+  auto pl = plan(g, "use \"1f1b.piper\";\n", {"pp=4", "mb=8"});
+  auto mem = memory_use(pl.dag, pl.schedule, pl.strategy, g.manifest, 1);
+  auto gp = plan(g, "use \"gpipe.piper\";\n", {"pp=4", "mb=8"});
+  auto gmem = memory_use(gp.dag, gp.schedule, gp.strategy, g.manifest, 1);
+  // Stage 1 (layers 2-3) holds 3 microbatches under 1F1B, all 8 under GPipe.
+  CHECK(gmem[1].peak_dynamic * 3 == mem[1].peak_dynamic * 8);
+}
