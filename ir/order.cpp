@@ -45,14 +45,14 @@ bool order_pass(LowerContext& c) {
   auto first = [&](const Task& t) { const auto& v = task_nodes(t); return t.kind == TaskKind::Fwd ? v.front() : v.back(); };
   auto last = [&](const Task& t) { const auto& v = task_nodes(t); return t.kind == TaskKind::Fwd ? v.back() : v.front(); };
 
-  std::vector<SourceLoc> locs;  // temporal edge label -> its directive
+  std::vector<const Directive*> dirs;  // temporal edge label -> its directive
   int32_t overlap = 0;
   bool ok = true;
   for (const auto& d : c.strategy.directives) {
     const auto* o = std::get_if<OrderDirective>(&d.body);
     if (!o) continue;
-    int32_t label = static_cast<int32_t>(locs.size());
-    locs.push_back(d.loc);
+    int32_t label = static_cast<int32_t>(dirs.size());
+    dirs.push_back(&d);
     if (!o->stream.empty()) {
       StreamId st = g.stream(o->stream);
       for (const auto& group : o->chain)
@@ -74,10 +74,11 @@ bool order_pass(LowerContext& c) {
           GroupId ra = g.nodes[static_cast<size_t>(src)].ranks, rb = g.nodes[static_cast<size_t>(dst)].ranks;
           if (ra != rb) {
             auto ranks = [&](GroupId grp) { return fmt::format("{}", fmt::join(g.ranks(grp), ",")); };
-            c.diags.error(d.loc, fmt::format("this order relates tasks on different devices: {} runs on ranks {{{}}} "
-                                             "but {} on ranks {{{}}}",
-                                             task_text(a), ranks(ra), task_text(b), ranks(rb)))
-                .note(SourceLoc{}, "an order sequences work on one device; across devices, data dependencies do that");
+            auto& diag = c.diags.error(d.loc, fmt::format("this order relates tasks on different devices: {} runs on "
+                                                          "ranks {{{}}} but {} on ranks {{{}}}",
+                                                          task_text(a), ranks(ra), task_text(b), ranks(rb)));
+            diag.note(SourceLoc{}, "an order sequences work on one device; across devices, data dependencies do that");
+            for (const Note& n : d.used_from) diag.notes.push_back(n);
             ok = false;
             continue;
           }
@@ -118,9 +119,10 @@ bool order_pass(LowerContext& c) {
   }
   steps.push_back(token(g.nodes[static_cast<size_t>(g.edges[static_cast<size_t>(cycle.front())].src)]));
   PIPER_INTERNAL_ASSERT(!orders.empty(), "a cycle made of data dependencies alone");
-  auto& diag = c.diags.error(locs[static_cast<size_t>(orders.back())],
-                             fmt::format("this order creates a cycle: {}", fmt::join(steps, " -> ")));
-  for (size_t i = 0; i + 1 < orders.size(); ++i) diag.note(locs[static_cast<size_t>(orders[i])], "the cycle also uses this order");
+  const Directive& culprit = *dirs[static_cast<size_t>(orders.back())];
+  auto& diag = c.diags.error(culprit.loc, fmt::format("this order creates a cycle: {}", fmt::join(steps, " -> ")));
+  for (const Note& n : culprit.used_from) diag.notes.push_back(n);
+  for (size_t i = 0; i + 1 < orders.size(); ++i) diag.note(dirs[static_cast<size_t>(orders[i])]->loc, "the cycle also uses this order");
   if (orders.size() == 1) diag.note(SourceLoc{}, "the rest of the cycle is data dependencies (a forward precedes its backward, stage s precedes s+1)");
   return false;
 }

@@ -771,7 +771,7 @@ class Checker {
       }
       placed_[r] = pl;
     }
-    out_.directives.push_back(Directive{s.loc, std::move(d)});
+    out_.directives.push_back(Directive{s.loc, std::move(d), diags_.context()});
   }
 
   void stmt(const ast::ReplicateStmt& r, const ast::Stmt& s, Env& env, UseContext&, FileId) {
@@ -801,7 +801,7 @@ class Checker {
       d.bucket_bytes = *b;
     }
     replicate_axes_.emplace(*axis, s.loc);
-    out_.directives.push_back(Directive{s.loc, std::move(d)});
+    out_.directives.push_back(Directive{s.loc, std::move(d), diags_.context()});
   }
 
   void stmt(const ast::ShardStmt& sh, const ast::Stmt& s, Env& env, UseContext&, FileId) {
@@ -828,7 +828,7 @@ class Checker {
       }
     }
     shard_axes_.emplace(*axis, s.loc);
-    out_.directives.push_back(Directive{s.loc, ShardDirective{*sel, *axis, *stream}});
+    out_.directives.push_back(Directive{s.loc, ShardDirective{*sel, *axis, *stream}, diags_.context()});
   }
 
   void stmt(const ast::SplitStmt& sp, const ast::Stmt& s, Env& env, UseContext&, FileId) {
@@ -847,7 +847,7 @@ class Checker {
     }
     split_loc_ = s.loc;
     out_.microbatches = *n;
-    out_.directives.push_back(Directive{s.loc, SplitDirective{*n}});
+    out_.directives.push_back(Directive{s.loc, SplitDirective{*n}, diags_.context()});
   }
 
   void stmt(const ast::OrderStmt& o, const ast::Stmt& s, Env& env, UseContext&, FileId) {
@@ -861,7 +861,7 @@ class Checker {
       sequences_.back() = pending_.size();
     }
     pending_.push_back(std::move(p));
-    out_.directives.push_back(Directive{s.loc, OrderDirective{}});
+    out_.directives.push_back(Directive{s.loc, OrderDirective{}, diags_.context()});
     pending_slots_.push_back(out_.directives.size() - 1);
   }
 
@@ -876,7 +876,7 @@ class Checker {
   void stmt(const ast::RecomputeStmt& r, const ast::Stmt& s, Env& env, UseContext&, FileId) {
     auto sel = resolve_all(r.regions, env);
     if (!sel) return;
-    out_.directives.push_back(Directive{s.loc, RecomputeDirective{*sel}});
+    out_.directives.push_back(Directive{s.loc, RecomputeDirective{*sel}, diags_.context()});
   }
 
   void stmt(const ast::PrecisionStmt& p, const ast::Stmt& s, Env& env, UseContext&, FileId) {
@@ -894,7 +894,7 @@ class Checker {
       if (!sel) return;
       regions = *sel;
     }
-    out_.directives.push_back(Directive{s.loc, PrecisionDirective{t, regions}});
+    out_.directives.push_back(Directive{s.loc, PrecisionDirective{t, regions}, diags_.context()});
   }
 
   // ---------------------------------------------------------------- whole-strategy checks
@@ -1133,7 +1133,7 @@ class Checker {
       if (keep && !check_instance(p, d)) return;
       if (keep) {
         p.last_group = d.chain.back();
-        out.push_back(Directive{p.loc, std::move(d)});
+        out.push_back(Directive{p.loc, std::move(d), p.context});
         ++produced;
       }
       // The last free variable varies fastest, so instances read like nested loops in source order.

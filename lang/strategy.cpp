@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cctype>
 
 namespace piper {
 
@@ -24,26 +25,50 @@ int64_t CheckedStrategy::axis_size(std::string_view axis) const {
 }
 
 std::string print_regions(const std::vector<RegionId>& regions, const Manifest& m) {
+  // Each region as (list, index, rest): layers[3].moe.experts is (layers, 3, ".moe.experts").
+  // Runs with the same list and rest over consecutive indices print as one range or [*].
+  struct Key {
+    RegionId list = -1;
+    size_t index = 0;
+    std::string rest;
+  };
+  auto key_of = [&](RegionId r) {
+    Key k;
+    std::vector<std::string> tail;
+    for (RegionId cur = r; cur > 0; cur = m.regions[static_cast<size_t>(cur)].parent) {
+      RegionId parent = m.regions[static_cast<size_t>(cur)].parent;
+      if (parent > 0 && m.is_list(parent)) {
+        const auto& ch = m.regions[static_cast<size_t>(parent)].children;
+        k.list = parent;
+        k.index = static_cast<size_t>(std::find(ch.begin(), ch.end(), cur) - ch.begin());
+        for (auto it = tail.rbegin(); it != tail.rend(); ++it) k.rest += *it;
+        return k;
+      }
+      const std::string& leaf = m.regions[static_cast<size_t>(cur)].leaf;
+      tail.push_back(!leaf.empty() && std::isdigit(static_cast<unsigned char>(leaf[0])) ? "[" + leaf + "]" : "." + leaf);
+    }
+    return Key{};
+  };
   std::vector<std::string> parts;
   for (size_t i = 0; i < regions.size();) {
-    RegionId r = regions[i];
-    RegionId parent = m.regions[r].parent;
-    // Runs of consecutive list members print as a range: layers[0..3], or layers[*] for all of them.
-    if (parent > 0 && m.is_list(parent)) {
-      const auto& siblings = m.regions[parent].children;
-      size_t pos = std::find(siblings.begin(), siblings.end(), r) - siblings.begin();
-      size_t j = i + 1;
-      while (j < regions.size() && pos + (j - i) < siblings.size() && regions[j] == siblings[pos + (j - i)]) ++j;
-      size_t len = j - i;
-      std::string base = m.selector_text(parent);
-      if (len == siblings.size()) parts.push_back(base + "[*]");
-      else if (len > 1) parts.push_back(fmt::format("{}[{}..{}]", base, pos, pos + len - 1));
-      else parts.push_back(m.selector_text(r));
-      i = j;
+    Key k = key_of(regions[i]);
+    if (k.list < 0) {
+      parts.push_back(m.selector_text(regions[i]));
+      ++i;
       continue;
     }
-    parts.push_back(m.selector_text(r));
-    ++i;
+    size_t j = i + 1;
+    while (j < regions.size()) {
+      Key n = key_of(regions[j]);
+      if (n.list != k.list || n.rest != k.rest || n.index != k.index + (j - i)) break;
+      ++j;
+    }
+    size_t len = j - i, members = m.regions[static_cast<size_t>(k.list)].children.size();
+    std::string base = m.selector_text(k.list);
+    if (len == members) parts.push_back(base + "[*]" + k.rest);
+    else if (len > 1) parts.push_back(fmt::format("{}[{}..{}]{}", base, k.index, k.index + len - 1, k.rest));
+    else parts.push_back(m.selector_text(regions[i]));
+    i = j;
   }
   return fmt::format("{}", fmt::join(parts, ", "));
 }

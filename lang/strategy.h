@@ -6,6 +6,7 @@
 #include <variant>
 #include <vector>
 
+#include "lang/diagnostic.h"
 #include "lang/manifest.h"
 #include "lang/source.h"
 
@@ -75,6 +76,7 @@ using DirectiveBody = std::variant<PlaceDirective, ReplicateDirective, ShardDire
 struct Directive {
   SourceLoc loc;  // the statement (for orders: one record per instance, all at the statement)
   DirectiveBody body;
+  std::vector<Note> used_from;  // the `use` chain that brought it in (innermost first): notes for later errors
 };
 
 // A pipeline stage: a maximal run of sequence regions placed together.

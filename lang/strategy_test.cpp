@@ -50,4 +50,8 @@ TEST_CASE("region lists print compactly") {
   CHECK(print_regions({layers[2], layers[3], layers[4]}, m) == "layers[2..4]");
   CHECK(print_regions({*m.find("embed"), layers[0], *m.find("head")}, m) == "embed, layers[0], head");
   CHECK(print_regions({*m.find("layers.1.moe.experts")}, m) == "layers[1].moe.experts");
+  std::vector<RegionId> experts;
+  for (int i = 0; i < 8; ++i) experts.push_back(*m.find(fmt::format("layers.{}.moe.experts", i)));
+  CHECK(print_regions(experts, m) == "layers[*].moe.experts");
+  CHECK(print_regions({experts[1], experts[2]}, m) == "layers[1..2].moe.experts");
 }

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
@@ -14,13 +15,14 @@ namespace piper::sched {
 using ir::Node;
 using ir::Op;
 
-namespace {
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
   while (b >= 1024 && u < 4) b /= 1024, ++u;
   return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.2f} {}", b, units[u]);
 }
+
+namespace {
 
 std::string human_time(double t, bool unit) {
   if (unit) return fmt::format("{:.2f}", t);
@@ -146,18 +148,24 @@ std::string emit_svg(const ir::Graph& g, const Schedule& s) {
     for (const auto& p : cls.streams) {
       bool chunks = std::any_of(p.ops.begin(), p.ops.end(), [&](auto v) { return compute(g.nodes[static_cast<size_t>(v)]); });
       double h = chunks ? row - 4 : 6;  // communication as a thin band under the compute row
+      std::map<int32_t, int> drawn;  // overlap group -> members drawn so far
       for (ir::NodeId v : p.ops) {
         const Node& n = g.nodes[static_cast<size_t>(v)];
         double x0 = left + s.start[static_cast<size_t>(v)] * scale, w = (s.finish[static_cast<size_t>(v)] - s.start[static_cast<size_t>(v)]) * scale;
         if (w <= 0) continue;
+        double yy = y, hh = h;
+        if (n.overlap >= 0) {  // co-scheduled tasks share the interval: stack them in halves
+          hh = h / 2;
+          yy = y + hh * drawn[n.overlap]++;
+        }
         const char* fill = n.op == Op::F ? "#7cc47c" : n.op == Op::B ? "#6f9fd8" : n.op == Op::BI ? "#9cc3ef"
                          : n.op == Op::BW ? "#b48be0" : n.op == Op::U ? "#d8d070" : "#f0a860";
         body += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\" stroke=\"#333\" "
                             "stroke-width=\"0.5\"><title>{}</title></rect>\n",
-                            x0, y, w, h, fill, ir::token(n));
+                            x0, yy, w, hh, fill, ir::token(n));
         if (chunks && n.microbatch >= 0 && w > 9)
-          body += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"10\" text-anchor=\"middle\">{}</text>\n",
-                              x0 + w / 2, y + h * 0.7, n.microbatch);
+          body += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"{}\" text-anchor=\"middle\">{}</text>\n",
+                              x0 + w / 2, yy + hh * 0.75, hh < h ? 8 : 10, n.microbatch);
       }
       y += chunks ? row : 8;
     }

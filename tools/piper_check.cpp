@@ -220,16 +220,18 @@ int main(int argc, char** argv) {
         // Name the directive that decides the most memory: ZeRO for model states, split for activations.
         const auto worst = *std::max_element(mem.begin(), mem.end(), [](auto& a, auto& b) { return a.peak() < b.peak(); });
         bool states = worst.params + worst.grads + worst.optimizer > worst.peak_dynamic;
-        SourceLoc at;
+        const Directive* culprit = nullptr;
         for (const auto& d : r.strategy->directives)
           if ((states && std::holds_alternative<ReplicateDirective>(d.body)) ||
               (!states && std::holds_alternative<SplitDirective>(d.body)))
-            at = d.loc;
-        auto& d = diags.error(at, fmt::format("the plan needs {:.2f} GiB on its fullest device, over the budget of "
-                                              "{:.2f} GiB",
-                                              double(worst.peak()) / (1 << 30), budget / (1 << 30)));
+            culprit = &d;
+        auto& d = diags.error(culprit ? culprit->loc : SourceLoc{},
+                              fmt::format("the plan needs {} on its fullest device, over the budget of {}",
+                                          sched::human_bytes(double(worst.peak())), sched::human_bytes(budget)));
         d.note(SourceLoc{}, states ? "model states dominate: shard them further (replicate ... zero 3) or use more pipeline stages"
                                    : "activations dominate: recompute, fewer microbatches in flight, or more pipeline stages");
+        if (culprit)
+          for (const Note& n : culprit->used_from) d.notes.push_back(n);
         r.status = FrontendStatus::Invalid;
       }
     }

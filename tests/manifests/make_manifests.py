@@ -88,7 +88,18 @@ def model(arch, layers=8, d=64, heads=4, ffn=256, vocab=256, seq=64, experts=8, 
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "."
     # gpt32: deep and narrow, for pipeline studies up to 16 stages (32 for V-shapes).
-    for name, arch, layers in (("gpt8", "gpt", 8), ("moe8", "moe", 8), ("gpt32", "gpt", 32)):
+    # gpt1b / moe7b: realistic sizes for `piper-check --simulate --machine machines/h100.json`.
+    cases = (
+        ("gpt8", dict(arch="gpt")),
+        ("moe8", dict(arch="moe")),
+        ("gpt32", dict(arch="gpt", layers=32)),
+        ("gpt1b", dict(arch="gpt", layers=24, d=2048, heads=16, ffn=8192, vocab=50304, seq=2048)),
+        ("moe7b", dict(arch="moe", layers=24, d=2048, heads=16, ffn=4096, vocab=50304, seq=2048, experts=16, top_k=2)),
+    )
+    for name, kw in cases:
+        m = model(**kw)
+        if name in ("gpt1b", "moe7b"):
+            m["model"]["name"] = name
         with open(f"{out}/{name}.json", "w") as f:
-            json.dump(model(arch, layers=layers), f, indent=1)
+            json.dump(m, f, indent=None if name in ("gpt1b", "moe7b") else 1, separators=None)
             f.write("\n")
