@@ -72,5 +72,21 @@ contains err "# after p2p" "print-after header"
 contains err "0SEND_F0 r0 p2p_send" "print-after content"
 expect 2 "--print-after unknown pass" -- "$check" "$gpt" "$root/strategies/dp.piper" --print-after nosuchpass
 
+# The schedule: programs, torch's CSV, a Perfetto trace, an SVG, the simulation table.
+expect 0 "--emit schedule" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --set pp=2 --set mb=2 --emit schedule
+contains out "  compute:  0F0 0F1 0B0[wait 0RECV_B0] 0B1[wait 0RECV_B1] 0U" "stage 0 program"
+expect 0 "--emit torch-csv" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --set pp=2 --set mb=2 --emit torch-csv
+contains out "1F0,1B0,1F1,1B1" "last stage CSV line"
+expect 0 "--emit trace" -- "$check" "$gpt" "$root/strategies/dp.piper" --emit trace
+/usr/bin/python3 -c "import json,sys; e=json.load(open(sys.argv[1]))['traceEvents']; assert any(x['ph']=='X' and x['name']=='0F0' for x in e)" "$tmp/out" ||
+  { echo "FAIL: trace content"; fails=$((fails + 1)); }
+expect 0 "--emit svg" -- "$check" "$gpt" "$root/strategies/dualpipev.piper" --emit svg
+contains out "<svg" "svg header"
+expect 0 "--simulate with a machine" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --simulate --machine "$root/machines/h100.json" --memory-budget 80GiB
+contains out "step time" "simulation totals"
+contains out "budget" "budget column"
+expect 2 "bad --cost" -- "$check" "$gpt" "$root/strategies/dp.piper" --cost F=x
+expect 2 "bad --memory-budget" -- "$check" "$gpt" "$root/strategies/dp.piper" --simulate --memory-budget lots
+
 if ((fails)); then echo "cli_test: $fails failed"; exit 1; fi
 echo "cli_test: all passed"
