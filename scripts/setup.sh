@@ -9,6 +9,7 @@ packages=(
   g++ cmake ninja-build ccache pkg-config python3
   antlr4 libantlr4-runtime-dev default-jre-headless
   libfmt-dev nlohmann-json3-dev libcli11-dev doctest-dev libzip-dev
+  libtorch-dev python3-torch libopenblas0-pthread
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Export a PyTorch model as a Piper model.pt: TorchScript code and weights plus the region manifest.
+
+A region is a submodule whose forward runs on its own (activation in, activation out). The model's
+*sequence* is the list of top-level regions a pipeline cuts; chained, they must reproduce the
+model's forward. Further regions below them (``layers.0.attn``) may be named for strategies to
+select. The manifest (docs/manifest.md) is measured by running the example input through the
+sequence, and saved inside the archive as ``piper/manifest.json``.
+
+As a module::
+
+    import piper_export
+    seq = piper_export.expand(model, "embed", "layers", "head")   # layers -> layers.0 ... layers.N-1
+    piper_export.export(model, torch.zeros(1, 64, dtype=torch.long), "model.pt", sequence=seq,
+                        regions=[f"layers.{i}.attn" for i in range(n)], kinds={"layers": "block"})
+
+As a command (the factory returns the model; the example input is zeros of the given shape)::
+
+    python3 piper_export.py my_model:build --example-shape 1,64 --sequence embed layers head -o model.pt
+"""
+import argparse
+import importlib
+import json
+import math
+import sys
+
+import torch
+
+MANIFEST_FILE = "piper/manifest.json"
+_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+           torch.int64: "int64", torch.int32: "int32", torch.uint8: "uint8"}
+
+
+class ExportError(Exception):
+    """A problem with the model or the region mapping, said in the user's terms."""
+
+
+def expand(model, *names):
+    """Top-level names with ModuleList/Sequential children expanded: ``layers`` -> ``layers.0``, ..."""
+    out = []
+    for name in names:
+        sub = model.get_submodule(name)
+        if isinstance(sub, (torch.nn.ModuleList, torch.nn.Sequential)):
+            out.extend(f"{name}.{i}" for i in range(len(sub)))
+        else:
+            out.append(name)
+    return out
+
+
+def _spec(t):
+    if not isinstance(t, torch.Tensor):
+        raise ExportError(f"regions must take and return one tensor, got {type(t).__name__}")
+    return {"shape": list(t.shape[1:]), "dtype": _DTYPES.get(t.dtype, str(t.dtype))}
+
+
+def _tokens(t):
+    """Tokens per sample: every dimension but the batch and (for float activations) the features."""
+    dims = list(t.shape[1:])
+    if t.is_floating_point() and dims:
+        dims = dims[:-1]
+    return math.prod(dims) if dims else 1
+
+
+def build_manifest(model, example, sequence, regions=(), kinds=None, name=None):
+    kinds = kinds or {}
+    all_regions = list(sequence) + [r for r in regions if r not in sequence]
+    modules = {}
+    for r in all_regions:
+        try:
+            modules[r] = model.get_submodule(r)
+        except AttributeError as e:
+            raise ExportError(f"region '{r}' is not a submodule of the model ({e})") from None
+    for r in regions:
+        if not any(r.startswith(s + ".") for s in sequence):
+            raise ExportError(f"region '{r}' is not inside any sequence region")
+
+    shapes = {}
+    hooks = []
+    for r, m in modules.items():
+        if r in sequence:
+            continue
+        def hook(mod, inputs, output, r=r):
+            shapes.setdefault(r, (inputs[0], output))
+        hooks.append(m.register_forward_hook(hook))
+    model.eval()
+    with torch.no_grad():
+        x = example
+        for r in sequence:
+            y = modules[r](x)
+            shapes[r] = (x, y)
+            x = y
+        whole = model(example)
+    for h in hooks:
+        h.remove()
+    if not isinstance(whole, torch.Tensor) or whole.shape != x.shape or not torch.allclose(whole, x, atol=1e-5, rtol=1e-5):
+        raise ExportError("the sequence regions chained do not reproduce the model's forward; "
+                          f"sequence was {sequence}")
+
+    # Each parameter belongs to the deepest region that contains it.
+    owner = {}
+    for r in sorted(all_regions, key=lambda r: r.count(".")):
+        for pname, p in modules[r].named_parameters():
+            owner[id(p)] = (r, pname)
+    for pname, p in model.named_parameters():
+        if id(p) not in owner:
+            raise ExportError(f"parameter '{pname}' is not inside any region: add its module to the sequence")
+    out_regions = []
+    for r in all_regions:
+        params = []
+        for pname, p in modules[r].named_parameters():
+            if owner[id(p)][0] != r:
+                continue
+            params.append({"name": pname, "shape": list(p.shape), "dtype": _DTYPES.get(p.dtype, str(p.dtype)),
+                           "bytes": p.numel() * p.element_size()})
+        entry = {"name": r, "kind": kinds.get(r, kinds.get(r.split(".")[0], type(modules[r]).__name__.lower())),
+                 "module": r, "params": params}
+        if r in shapes:
+            i, o = shapes[r]
+            entry["input"], entry["output"] = _spec(i), _spec(o)
+            # Estimate: two FLOPs per weight per token (matmul-dominated regions), for this region alone.
+            entry["flops"] = 2 * sum(p["bytes"] // 4 for p in params if len(p["shape"]) > 1) * _tokens(i)
+        out_regions.append(entry)
+    return {
+        "format": "piper-manifest", "version": 1,
+        "model": {"name": name or type(model).__name__, "arch": type(model).__name__, "config": {}},
+        "input": _spec(example),
+        "loss": "cross_entropy(last region output [batch, seq, vocab], next tokens [batch, seq])",
+        "sequence": list(sequence), "regions": out_regions,
+    }
+
+
+def export(model, example, path, sequence, regions=(), kinds=None, name=None):
+    """Script the model, measure the manifest, save both to ``path``. Returns the manifest."""
+    manifest = build_manifest(model, example, sequence, regions, kinds, name)
+    try:
+        scripted = torch.jit.script(model)
+    except Exception as e:  # TorchScript's errors are long; keep the first lines
+        raise ExportError("the model cannot be scripted with torch.jit.script:\n" + "\n".join(str(e).splitlines()[:12]))
+    torch.jit.save(scripted, path, _extra_files={MANIFEST_FILE: json.dumps(manifest, indent=1)})
+    return manifest
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("factory", help="module:function returning the model (module importable from here)")
+    ap.add_argument("--example-shape", required=True, help="comma-separated shape of the example input, e.g. 1,64")
+    ap.add_argument("--example-dtype", default="int64", choices=["int64", "float32"])
+    ap.add_argument("--sequence", nargs="+", required=True, help="top-level regions (lists are expanded)")
+    ap.add_argument("--regions", nargs="*", default=[], help="further regions below the sequence")
+    ap.add_argument("--name", help="model name in the manifest")
+    ap.add_argument("-o", "--output", required=True)
+    args = ap.parse_args(argv)
+    mod, _, fn = args.factory.partition(":")
+    sys.path.insert(0, ".")
+    model = getattr(importlib.import_module(mod), fn or "build")()
+    shape = [int(s) for s in args.example_shape.split(",")]
+    example = torch.zeros(shape, dtype=torch.long if args.example_dtype == "int64" else torch.float32)
+    try:
+        m = export(model, example, args.output, expand(model, *args.sequence), args.regions, name=args.name)
+    except ExportError as e:
+        print(f"piper_export: error: {e}", file=sys.stderr)
+        return 1
+    print(f"{args.output}: {len(m['regions'])} regions, sequence of {len(m['sequence'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

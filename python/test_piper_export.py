@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""The exporter round trip: a nanoGPT-like model defined here is exported, then the C++ side loads
+it (piper-model verify: regions chained == whole model, forward and gradients) and checks a
+strategy against it (piper-check). Usage: test_piper_export.py PIPER_MODEL PIPER_CHECK STRATEGY_DIR"""
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import piper_export  # noqa: E402
+
+
+class Embed(nn.Module):
+    def __init__(self, vocab, seq, d):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(seq, d)
+
+    def forward(self, idx):
+        pos = torch.arange(idx.size(1), device=idx.device)
+        return self.wte(idx) + self.wpe(pos)
+
+
+class Attention(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.heads = heads
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.qkv(self.ln(x)).split(C, 2)
+        q = q.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        k = k.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        v = v.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) / (C // self.heads) ** 0.5
+        att = att.masked_fill(torch.tril(torch.ones(T, T, device=x.device)) == 0, float("-inf")).softmax(-1)
+        return x + self.proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
+
+
+class Mlp(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.proj = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.proj(F.gelu(self.fc(self.ln(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.attn = Attention(d, heads)
+        self.mlp = Mlp(d)
+
+    def forward(self, x):
+        return self.mlp(self.attn(x))
+
+
+class Head(nn.Module):
+    def __init__(self, d, vocab):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.out = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, x):
+        return self.out(self.ln(x))
+
+
+class NanoGPT(nn.Module):
+    def __init__(self, vocab=256, seq=32, d=32, heads=4, layers=4):
+        super().__init__()
+        self.embed = Embed(vocab, seq, d)
+        self.layers = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+        self.head = Head(d, vocab)
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        for block in self.layers:
+            x = block(x)
+        return self.head(x)
+
+
+def main():
+    piper_model, piper_check, strategies = sys.argv[1:4]
+    torch.manual_seed(0)
+    model = NanoGPT()
+    example = torch.zeros(1, 32, dtype=torch.long)
+    seq = piper_export.expand(model, "embed", "layers", "head")
+    assert seq == ["embed", "layers.0", "layers.1", "layers.2", "layers.3", "head"], seq
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.pt")
+        m = piper_export.export(model, example, path, seq, regions=[f"layers.{i}.attn" for i in range(4)],
+                                kinds={"layers": "block"}, name="nanogpt-test")
+        by_name = {r["name"]: r for r in m["regions"]}
+        assert by_name["layers.1"]["output"] == {"shape": [32, 32], "dtype": "float32"}, by_name["layers.1"]
+        assert by_name["embed"]["input"] == {"shape": [32], "dtype": "int64"}
+        # Parameters belong to the deepest region: the attention's are not counted twice.
+        assert {p["name"] for p in by_name["layers.1.attn"]["params"]} >= {"qkv.weight", "proj.weight"}
+        assert all(not p["name"].startswith("attn.") for p in by_name["layers.1"]["params"])
+        total = sum(p["bytes"] for r in m["regions"] for p in r["params"])
+        assert total == sum(p.numel() * 4 for p in model.parameters()), total
+
+        subprocess.run([piper_model, "verify", path], check=True)
+        subprocess.run([piper_check, path, os.path.join(strategies, "1f1b.piper"), "--set", "pp=2", "--set", "mb=4"],
+                       check=True, stdout=subprocess.DEVNULL)
+
+        # A sequence that leaves out a region does not reproduce the forward: a clear error.
+        try:
+            piper_export.export(model, example, path, ["embed", "layers.0", "head"])
+            raise AssertionError("expected an ExportError")
+        except piper_export.ExportError as e:
+            assert "do not reproduce the model's forward" in str(e), e
+    print("test_piper_export: all passed")
+
+
+if __name__ == "__main__":
+    main()

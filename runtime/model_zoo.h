@@ -1,0 +1,23 @@
+// The built-in model zoo: GPT-2-style dense and MoE transformers as TorchScript model.pt files.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace piper::runtime {
+
+struct ModelConfig {
+  std::string arch = "gpt";  // gpt | moe
+  std::string name;          // defaults to "<arch>-<layers>L"
+  int64_t layers = 8, d_model = 64, heads = 4, ffn = 256, vocab = 256, seq = 64;
+  int64_t experts = 8, top_k = 2;  // moe only
+  uint64_t seed = 0;
+};
+
+// The region manifest of a configuration (docs/manifest.md), computed without allocating weights.
+std::string manifest_json(const ModelConfig& c);
+
+// Builds the TorchScript module with weights initialised from the seed and saves it, with its
+// manifest as the extra file piper/manifest.json. Throws std::runtime_error on failure.
+void save_model(const ModelConfig& c, const std::string& path);
+
+}  // namespace piper::runtime

@@ -1,0 +1,107 @@
+#include "runtime/region_model.h"
+
+#include <fmt/format.h>
+#include <torch/script.h>
+
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+namespace piper::runtime {
+
+struct RegionModel::Impl {
+  torch::jit::Module root;
+  std::string manifest;
+  std::vector<std::string> sequence;
+  std::vector<torch::jit::Module> modules;  // per sequence region
+  int64_t seq_len = 0, vocab = 0;
+};
+
+namespace {
+// `layers_3.attn` or `layers.3`: walk the attribute path from the root module.
+torch::jit::Module submodule(const torch::jit::Module& root, const std::string& path) {
+  torch::jit::Module cur = root;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t dot = path.find('.', start);
+    std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (!cur.hasattr(part)) throw std::runtime_error(fmt::format("no submodule '{}' (looking for '{}')", part, path));
+    cur = cur.attr(part).toModule();
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return cur;
+}
+
+torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+}  // namespace
+
+RegionModel::RegionModel(const std::string& path) : impl_(std::make_unique<Impl>()) {
+  std::unordered_map<std::string, std::string> extra{{"piper/manifest.json", ""}};
+  try {
+    impl_->root = torch::jit::load(path, c10::nullopt, extra);
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(fmt::format("{}: not a loadable TorchScript model: {}", path, e.what_without_backtrace()));
+  }
+  impl_->manifest = extra["piper/manifest.json"];
+  if (impl_->manifest.empty())
+    throw std::runtime_error(fmt::format("{}: has no piper/manifest.json (save it with piper-model or python/piper_export.py)", path));
+  auto j = nlohmann::json::parse(impl_->manifest, nullptr, false);
+  if (j.is_discarded() || !j.contains("sequence") || !j.contains("regions"))
+    throw std::runtime_error(fmt::format("{}: piper/manifest.json is not a region manifest", path));
+  std::map<std::string, std::string> module_of;
+  for (const auto& r : j["regions"]) module_of[r.value("name", "")] = r.value("module", r.value("name", ""));
+  for (const auto& name : j["sequence"]) {
+    std::string n = name.get<std::string>();
+    impl_->sequence.push_back(n);
+    try {
+      impl_->modules.push_back(submodule(impl_->root, module_of.count(n) ? module_of[n] : n));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("{}: region '{}': {}", path, n, e.what()));
+    }
+  }
+  impl_->seq_len = j.contains("input") ? j["input"]["shape"][0].get<int64_t>() : 0;
+  impl_->vocab = j["model"]["config"].value("vocab", 0);
+  for (auto p : impl_->root.parameters()) p.set_requires_grad(true);
+}
+
+RegionModel::~RegionModel() = default;
+RegionModel::RegionModel(RegionModel&&) noexcept = default;
+const std::string& RegionModel::manifest_json() const { return impl_->manifest; }
+const std::vector<std::string>& RegionModel::sequence() const { return impl_->sequence; }
+
+RegionCheck RegionModel::check_regions(int64_t batch, uint64_t seed) {
+  torch::manual_seed(seed);
+  int64_t vocab = impl_->vocab > 0 ? impl_->vocab : 256;
+  auto tokens = torch::randint(vocab, {batch, impl_->seq_len + 1}, torch::kLong);
+  auto idx = tokens.slice(1, 0, impl_->seq_len), targets = tokens.slice(1, 1);
+  auto params = impl_->root.parameters();
+  auto grads = [&](const torch::Tensor& loss) {
+    for (auto p : params)
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    loss.backward();
+    std::vector<torch::Tensor> out;
+    for (auto p : params) out.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+    return out;
+  };
+  auto whole = impl_->root.forward({idx}).toTensor();
+  auto loss_whole = next_token_loss(whole, targets);
+  auto g_whole = grads(loss_whole);
+
+  torch::Tensor x = idx;
+  for (auto& m : impl_->modules) x = m.forward({x}).toTensor();
+  auto loss_chain = next_token_loss(x, targets);
+  auto g_chain = grads(loss_chain);
+
+  RegionCheck r;
+  r.loss = loss_whole.item<double>();
+  r.regions = impl_->modules.size();
+  r.parameters = g_whole.size();
+  r.max_output_diff = (whole - x).abs().max().item<double>();
+  for (size_t i = 0; i < g_whole.size(); ++i)
+    r.max_grad_diff = std::max(r.max_grad_diff, (g_whole[i] - g_chain[i]).abs().max().item<double>());
+  return r;
+}
+
+}  // namespace piper::runtime

@@ -1,0 +1,35 @@
+// A loaded model.pt whose manifest regions can run one at a time, as pipeline stages will.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace piper::runtime {
+
+struct RegionCheck {
+  double max_output_diff = 0;  // whole forward vs regions chained
+  double max_grad_diff = 0;    // gradients of every parameter, same comparison
+  double loss = 0;
+  size_t regions = 0, parameters = 0;
+};
+
+class RegionModel {
+ public:
+  // Loads MODEL (throws std::runtime_error naming the file and the problem).
+  explicit RegionModel(const std::string& path);
+  ~RegionModel();
+  RegionModel(RegionModel&&) noexcept;
+
+  const std::string& manifest_json() const;
+  const std::vector<std::string>& sequence() const;  // region names a pipeline cuts, in order
+  // Runs the whole model and the regions chained on the same random batch and compares outputs and
+  // gradients (cross-entropy on next tokens).
+  RegionCheck check_regions(int64_t batch, uint64_t seed);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace piper::runtime
