@@ -9,7 +9,7 @@ seconds=${1:-60}; shift || true
 build=$root/build-fuzz
 if [ ! -f "$build/build.ninja" ]; then
   CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DPIPER_FUZZ=ON -DPIPER_BUILD_TESTS=OFF >/dev/null
+    -DPIPER_FUZZ=ON -DPIPER_BUILD_TESTS=OFF -DPIPER_WITH_TORCH=OFF >/dev/null
 fi
 cmake --build "$build" --target piper-fuzz >/dev/null
 corpus=$build/corpus
