@@ -1,4 +1,5 @@
 #include "runtime/region_model.h"
+#include "runtime/region_model_impl.h"
 
 #include <fmt/format.h>
 #include <torch/script.h>
@@ -7,14 +8,6 @@
 #include <stdexcept>
 
 namespace piper::runtime {
-
-struct RegionModel::Impl {
-  torch::jit::Module root;
-  std::string manifest;
-  std::vector<std::string> sequence;
-  std::vector<torch::jit::Module> modules;  // per sequence region
-  int64_t seq_len = 0, vocab = 0;
-};
 
 namespace {
 // `layers_3.attn` or `layers.3`: walk the attribute path from the root module.

@@ -26,7 +26,8 @@ class RegionModel {
   // gradients (cross-entropy on next tokens).
   RegionCheck check_regions(int64_t batch, uint64_t seed);
 
-  struct Impl;
+  struct Impl;  // runtime/region_model_impl.h
+  Impl& impl() { return *impl_; }
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -1,0 +1,393 @@
+#include "runtime/executor.h"
+
+#include <fmt/format.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "ir/emit.h"
+#include "runtime/region_model.h"
+#include "runtime/region_model_impl.h"
+
+namespace piper::runtime {
+
+using ir::Node;
+using ir::NodeId;
+using ir::Op;
+
+namespace {
+// Message tags: unique per (payload, stage, microbatch), so concurrent streams never cross wires.
+int tag_of(const Node& n) { return ((n.payload == ir::Payload::Act ? 0 : 1) * 4096 + n.microbatch) * 4096 + n.stage; }
+
+std::vector<int64_t> coords(int64_t rank, const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> c(sizes.size());
+  for (size_t i = sizes.size(); i-- > 0;) {
+    c[i] = rank % sizes[i];
+    rank /= sizes[i];
+  }
+  return c;
+}
+}  // namespace
+
+struct Executor::Impl {
+  const Plan& plan;
+  const TokenData& data;
+  Communicator& comm;
+  ExecutorOptions opt;
+  RegionModel model;
+  int rank = 0;
+  int32_t cls = -1;
+  size_t position = 0;  // this rank's index in its class (pairs with the same index in a peer class)
+  std::vector<int64_t> axis_sizes;
+  int64_t replicas = 1, replica = 0, samples_per_mb = 1, seq = 0;
+  int32_t last_stage = 0;
+
+  // Per stage this rank holds: its region modules, parameters and optimizer.
+  struct StageState {
+    std::vector<torch::jit::Module> modules;
+    std::vector<torch::Tensor> params;
+    std::unique_ptr<torch::optim::Optimizer> optimizer;
+    torch::Tensor flat_grads;  // while its gradients are being reduced
+    std::map<int32_t, std::pair<int64_t, int64_t>> buckets;  // bucket -> [first, last) float offsets
+    std::vector<int> dp_group;
+  };
+  std::map<int32_t, StageState> stages;
+
+  // Per (stage, microbatch): the tensors that flow between ops of one step.
+  struct Act {
+    torch::Tensor input, output, loss, recv, grad_in, input_grad;
+  };
+  std::map<std::pair<int32_t, int32_t>, Act> acts;
+  torch::Tensor tokens;  // this replica's samples of the step: [replica batch, seq + 1]
+
+  // Completion of this rank's ops within a step.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<char> done;
+  std::string failure;
+  std::vector<std::vector<NodeId>> local_preds;
+
+  Impl(const Plan& p, const std::string& path, const TokenData& d, Communicator& c, ExecutorOptions o)
+      : plan(p), data(d), comm(c), opt(std::move(o)), model(path) {}
+
+  const Node& node(NodeId v) const { return plan.dag.nodes[static_cast<size_t>(v)]; }
+
+  // The ranks of `n.ranks` that share this rank's coordinates on every axis but the collective's.
+  std::vector<int> group_along(const Node& n) const {
+    auto mine = coords(rank, axis_sizes);
+    std::vector<int> out;
+    for (int32_t r : plan.dag.ranks(n.ranks)) {
+      auto c = coords(r, axis_sizes);
+      bool same = true;
+      for (size_t i = 0; i < c.size(); ++i)
+        if (static_cast<int32_t>(i) != n.axis && c[i] != mine[i]) same = false;
+      if (same) out.push_back(r);
+    }
+    return out;
+  }
+
+  // The other end of a send/recv: its rank (the same position in the peer's class) and the message
+  // tag, which both ends compute from the send node.
+  std::pair<int, int> peer_of(NodeId v) const {
+    const auto& g = plan.dag;
+    for (const auto& e : g.edges) {
+      NodeId other = e.src == v && node(e.dst).op == Op::Recv ? e.dst : e.dst == v && node(e.src).op == Op::Send ? e.src : -1;
+      if (other < 0) continue;
+      const auto& ranks = plan.schedule.classes[static_cast<size_t>(plan.schedule.node_class[static_cast<size_t>(other)])].ranks;
+      return {ranks.at(position), tag_of(node(node(v).op == Op::Send ? v : other))};
+    }
+    throw std::logic_error("send/recv without a partner: " + ir::token(node(v)));
+  }
+
+  std::vector<int64_t> per_sample_shape(RegionId region, bool input) const {
+    const auto& spec = input ? plan.manifest.regions[static_cast<size_t>(region)].input
+                             : plan.manifest.regions[static_cast<size_t>(region)].output;
+    if (!spec) throw std::runtime_error("the manifest has no activation shape for " + plan.manifest.regions[static_cast<size_t>(region)].name);
+    std::vector<int64_t> s{samples_per_mb};
+    for (int64_t d : spec->shape) s.push_back(d);
+    return s;
+  }
+
+  void setup() {
+    rank = comm.rank();
+    const auto& s = plan.strategy;
+    for (const auto& a : s.mesh) axis_sizes.push_back(a.size);
+    cls = plan.schedule.class_of_rank(rank);
+    if (cls < 0) throw std::runtime_error(fmt::format("rank {} has no program in this plan", rank));
+    const auto& my = plan.schedule.classes[static_cast<size_t>(cls)].ranks;
+    position = static_cast<size_t>(std::find(my.begin(), my.end(), rank) - my.begin());
+    // Data-parallel replicas: every coordinate combination off the pipeline axis.
+    auto mine = coords(rank, axis_sizes);
+    int32_t pp_axis = -1;
+    for (size_t i = 0; i < s.mesh.size(); ++i)
+      if (s.mesh[i].name == s.pipeline_axis) pp_axis = static_cast<int32_t>(i);
+    replicas = 1;
+    replica = 0;
+    for (size_t i = 0; i < s.mesh.size(); ++i) {
+      if (static_cast<int32_t>(i) == pp_axis) continue;
+      replica = replica * s.mesh[i].size + mine[i];
+      replicas *= s.mesh[i].size;
+    }
+    if (opt.global_batch % (replicas * s.microbatches) != 0)
+      throw std::runtime_error(fmt::format("--batch-size {} does not split into {} replicas × {} microbatches",
+                                           opt.global_batch, replicas, s.microbatches));
+    samples_per_mb = opt.global_batch / replicas / s.microbatches;
+    seq = model.impl().seq_len;
+    last_stage = static_cast<int32_t>(s.stages.size()) - 1;
+
+    // The stages this rank holds, their modules and parameters.
+    auto& impl = model.impl();
+    std::map<std::string, size_t> index;
+    for (size_t i = 0; i < impl.sequence.size(); ++i) index[impl.sequence[i]] = i;
+    for (size_t v = 0; v < plan.dag.nodes.size(); ++v) {
+      const Node& n = plan.dag.nodes[v];
+      if (plan.schedule.node_class[v] != cls || !ir::is_chunk(n.op) || stages.count(n.stage)) continue;
+      StageState st;
+      for (RegionId r : s.stages[static_cast<size_t>(n.stage)].regions) {
+        auto m = impl.modules.at(index.at(plan.manifest.regions[static_cast<size_t>(r)].name));
+        st.modules.push_back(m);
+        for (auto p : m.parameters()) {
+          p.set_requires_grad(true);
+          st.params.push_back(p);
+        }
+      }
+      if (opt.optimizer == "adamw")
+        st.optimizer = std::make_unique<torch::optim::AdamW>(st.params, torch::optim::AdamWOptions(opt.lr).weight_decay(0.0));
+      else
+        st.optimizer = std::make_unique<torch::optim::SGD>(st.params, torch::optim::SGDOptions(opt.lr));
+      stages.emplace(n.stage, std::move(st));
+    }
+    // Gradient buckets: contiguous float ranges of the stage's flattened gradients, in bucket order.
+    std::map<int32_t, std::map<int32_t, int64_t>> bucket_bytes;
+    for (size_t v = 0; v < plan.dag.nodes.size(); ++v) {
+      const Node& n = plan.dag.nodes[v];
+      if (plan.schedule.node_class[v] == cls && n.op == Op::AllReduce) {
+        bucket_bytes[n.stage][n.bucket] = n.bytes;
+        stages.at(n.stage).dp_group = group_along(n);
+      }
+    }
+    for (auto& [stage, bs] : bucket_bytes) {
+      int64_t offset = 0, total = 0;
+      for (const auto& p : stages.at(stage).params) total += p.numel();
+      for (auto [k, bytes] : bs) {
+        stages.at(stage).buckets[k] = {offset, offset + bytes / 4};
+        offset += bytes / 4;
+      }
+      if (offset != total)
+        throw std::runtime_error(fmt::format("stage {} replicates {} of its {} parameters: replicating part of a stage is "
+                                             "not supported by the runtime yet",
+                                             stage, offset, total));
+    }
+    // Predecessors on this rank (cross-rank edges are send -> recv, which the communicator pairs).
+    local_preds.assign(plan.dag.nodes.size(), {});
+    for (const auto& e : plan.dag.edges)
+      if (plan.schedule.node_class[static_cast<size_t>(e.src)] == cls && plan.schedule.node_class[static_cast<size_t>(e.dst)] == cls)
+        local_preds[static_cast<size_t>(e.dst)].push_back(e.src);
+  }
+
+  torch::Tensor run_stage(int32_t stage, torch::Tensor x) {
+    for (auto& m : stages.at(stage).modules) x = m.forward({x}).toTensor();
+    return x;
+  }
+
+  void run(NodeId v) {
+    const Node& n = node(v);
+    auto key = std::make_pair(n.stage, n.microbatch);
+    switch (n.op) {
+      case Op::F: {
+        Act& a = acts[key];
+        if (n.stage == 0) {
+          a.input = tokens.slice(0, n.microbatch * samples_per_mb, (n.microbatch + 1) * samples_per_mb).slice(1, 0, seq);
+        } else {
+          a.input = a.recv.detach().requires_grad_(true);
+        }
+        a.output = run_stage(n.stage, a.input);
+        if (n.stage == last_stage) {
+          auto targets = tokens.slice(0, n.microbatch * samples_per_mb, (n.microbatch + 1) * samples_per_mb).slice(1, 1);
+          // Each microbatch's mean, scaled so the microbatches sum to the batch mean.
+          a.loss = at::cross_entropy_loss(a.output.reshape({-1, a.output.size(-1)}), targets.reshape({-1})) /
+                   static_cast<double>(plan.strategy.microbatches);
+        }
+        break;
+      }
+      case Op::B: {
+        Act& a = acts[key];
+        if (n.stage == last_stage) a.loss.backward();
+        else a.output.backward(a.grad_in);
+        if (n.stage > 0) a.input_grad = a.input.grad();
+        a.output = torch::Tensor();  // activations are freed as soon as their backward ran
+        break;
+      }
+      case Op::BI: {
+        Act& a = acts[key];
+        if (n.stage > 0) {
+          auto out = n.stage == last_stage ? a.loss : a.output;
+          std::vector<torch::Tensor> grad_out;
+          if (n.stage != last_stage) grad_out.push_back(a.grad_in);
+          a.input_grad = torch::autograd::grad({out}, {a.input}, grad_out, /*retain_graph=*/true)[0];
+        }
+        break;
+      }
+      case Op::BW: {
+        Act& a = acts[key];
+        if (n.stage == last_stage) torch::autograd::backward({a.loss});
+        else torch::autograd::backward({a.output}, {a.grad_in});
+        a.output = torch::Tensor();
+        break;
+      }
+      case Op::U: {
+        auto& st = stages.at(n.stage);
+        if (st.flat_grads.defined()) {
+          // Averaged gradients back into place.
+          st.flat_grads.div_(static_cast<double>(st.dp_group.size()));
+          int64_t off = 0;
+          for (auto& p : st.params) {
+            p.mutable_grad().copy_(st.flat_grads.slice(0, off, off + p.numel()).view_as(p));
+            off += p.numel();
+          }
+          st.flat_grads = torch::Tensor();
+        }
+        st.optimizer->step();
+        break;
+      }
+      case Op::Send: {
+        Act& a = acts[key];
+        torch::Tensor t = (n.payload == ir::Payload::Act ? a.output : a.input_grad).detach().contiguous();
+        auto [peer, tag] = peer_of(v);
+        comm.send(t.data_ptr(), static_cast<size_t>(t.nbytes()), peer, tag);
+        break;
+      }
+      case Op::Recv: {
+        Act& a = acts[key];
+        // A received activation has the stage's input shape; a received gradient its output shape.
+        const auto& regions = plan.strategy.stages[static_cast<size_t>(n.stage)].regions;
+        bool act = n.payload == ir::Payload::Act;
+        auto shape = per_sample_shape(act ? regions.front() : regions.back(), act);
+        torch::Tensor buf = torch::empty(shape, torch::kFloat);
+        auto [peer, tag] = peer_of(v);
+        comm.recv(buf.data_ptr(), static_cast<size_t>(buf.nbytes()), peer, tag);
+        (act ? a.recv : a.grad_in) = buf;
+        break;
+      }
+      case Op::AllReduce: {
+        auto& st = stages.at(n.stage);
+        {
+          std::lock_guard lk(mu);  // the first bucket of a stage flattens its gradients
+          if (!st.flat_grads.defined()) {
+            std::vector<torch::Tensor> flat;
+            for (auto& p : st.params) flat.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}));
+            st.flat_grads = torch::cat(flat);
+          }
+        }
+        auto [lo, hi] = st.buckets.at(n.bucket);
+        comm.all_reduce_sum(st.flat_grads.data_ptr<float>() + lo, static_cast<size_t>(hi - lo), st.dp_group, 1);
+        break;
+      }
+      default:
+        throw std::runtime_error(fmt::format("{} is not supported by the runtime yet", ir::op_name(n.op)));
+    }
+  }
+
+  StepResult step(int64_t s) {
+    StepResult res;
+    auto t0 = std::chrono::steady_clock::now();
+    auto batch = data.batch(opt.seed, static_cast<uint64_t>(s), opt.global_batch, replica * (opt.global_batch / replicas),
+                            opt.global_batch / replicas, seq);
+    tokens = torch::from_blob(batch.data(), {opt.global_batch / replicas, seq + 1}, torch::kLong).clone();
+    for (auto& [stage, st] : stages) st.optimizer->zero_grad();
+    acts.clear();
+    for (size_t v = 0; v < plan.dag.nodes.size(); ++v)
+      if (plan.schedule.node_class[v] == cls) acts[{node(static_cast<NodeId>(v)).stage, node(static_cast<NodeId>(v)).microbatch}];
+    done.assign(plan.dag.nodes.size(), 0);
+    failure.clear();
+
+    std::mutex spans_mu;
+    std::vector<std::thread> threads;
+    const auto& streams = plan.schedule.classes[static_cast<size_t>(cls)].streams;
+    for (const auto& prog : streams) {
+      threads.emplace_back([&, prog_ptr = &prog] {
+        const std::string stream = plan.dag.streams[prog_ptr->stream];
+        for (NodeId v : prog_ptr->ops) {
+          {
+            std::unique_lock lk(mu);
+            cv.wait(lk, [&] {
+              if (!failure.empty()) return true;
+              for (NodeId u : local_preds[static_cast<size_t>(v)])
+                if (!done[static_cast<size_t>(u)]) return false;
+              return true;
+            });
+            if (!failure.empty()) return;
+          }
+          double a = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          try {
+            run(v);
+          } catch (const std::exception& e) {
+            std::string msg = fmt::format("rank {}, step {}, op {} on stream {}: {}", rank, s + 1, ir::token(node(v)),
+                                          stream, e.what());
+            {
+              std::lock_guard lk(mu);
+              if (failure.empty()) failure = msg;
+            }
+            cv.notify_all();
+            return;
+          }
+          double b = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          {
+            std::lock_guard lk(spans_mu);
+            res.ops.push_back(OpSpan{ir::token(node(v)), stream, a, b});
+          }
+          {
+            std::lock_guard lk(mu);
+            done[static_cast<size_t>(v)] = 1;
+          }
+          cv.notify_all();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    if (!failure.empty()) comm.abort(failure);
+
+    // The loss lives on the last stage's ranks: sum it over everyone, average over replicas.
+    double loss = 0;
+    for (auto& [key, a] : acts)
+      if (key.first == last_stage && a.loss.defined()) loss += a.loss.item<double>();
+    std::vector<int> everyone(static_cast<size_t>(comm.size()));
+    for (int r = 0; r < comm.size(); ++r) everyone[static_cast<size_t>(r)] = r;
+    comm.all_reduce_sum(&loss, 1, everyone, 2);
+    res.loss = loss / static_cast<double>(replicas);
+    res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return res;
+  }
+};
+
+std::vector<std::string> Executor::unsupported(const Plan& plan) {
+  std::set<std::string> out;
+  for (const Node& n : plan.dag.nodes) {
+    if (n.segment >= 0 || n.op == Op::AllToAll) out.insert("expert parallelism (shard)");
+    if (n.op == Op::ReduceScatter || n.op == Op::AllGather) out.insert("ZeRO (replicate ... zero 1/2/3)");
+    if (n.op == Op::Broadcast) out.insert("broadcast");
+  }
+  return {out.begin(), out.end()};
+}
+
+Executor::Executor(const Plan& plan, const std::string& model_path, const TokenData& data, Communicator& comm,
+                   ExecutorOptions options)
+    : impl_(std::make_unique<Impl>(plan, model_path, data, comm, std::move(options))) {
+  auto missing = unsupported(plan);
+  if (!missing.empty())
+    throw std::runtime_error(fmt::format("this plan uses what the runtime does not execute yet: {}",
+                                         fmt::join(missing, ", ")));
+  impl_->setup();
+}
+
+Executor::~Executor() = default;
+
+StepResult Executor::step(int64_t step) { return impl_->step(step); }
+
+}  // namespace piper::runtime

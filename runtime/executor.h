@@ -1,0 +1,49 @@
+// Runs one rank's program of a plan, step after step: a thread per logical stream, events where a
+// dependency crosses streams, LibTorch for the chunks and a Communicator for the rest.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/communicator.h"
+#include "runtime/data.h"
+#include "runtime/plan.h"
+
+namespace piper::runtime {
+
+struct ExecutorOptions {
+  int64_t global_batch = 8;
+  double lr = 1e-3;
+  std::string optimizer = "adamw";  // adamw | sgd
+  uint64_t seed = 0;                // data order
+};
+
+struct OpSpan {  // what ran, for the trace
+  std::string token, stream;
+  double start = 0, end = 0;  // seconds since the step began
+};
+
+struct StepResult {
+  double loss = 0;     // mean over the global batch (the same number on every rank)
+  double seconds = 0;
+  std::vector<OpSpan> ops;
+};
+
+class Executor {
+ public:
+  // Throws std::runtime_error when the plan needs something this runtime does not execute yet.
+  Executor(const Plan& plan, const std::string& model_path, const TokenData& data, Communicator& comm,
+           ExecutorOptions options);
+  ~Executor();
+  StepResult step(int64_t step);
+  // Kinds of DAG nodes this executor cannot run; empty when the plan is supported.
+  static std::vector<std::string> unsupported(const Plan& plan);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace piper::runtime

@@ -1,0 +1,113 @@
+#include "runtime/executor.h"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "runtime/model_zoo.h"
+
+using namespace piper;
+using namespace piper::runtime;
+namespace fs = std::filesystem;
+
+namespace {
+const std::string kData = std::string(PIPER_SOURCE_DIR) + "/data/corpus.txt";
+
+std::string tiny_model() {
+  static std::string path = [] {
+    ModelConfig c;
+    c.layers = 4;
+    c.d_model = 32;
+    c.ffn = 64;
+    c.seq = 16;
+    auto p = (fs::temp_directory_path() / ("piper-exec-" + std::to_string(::getpid()) + ".pt")).string();
+    save_model(c, p);
+    return p;
+  }();
+  return path;
+}
+
+// The single-device oracle: whole-model forward, cross-entropy, AdamW — as piper-train-ref does.
+std::vector<double> reference(int steps, int64_t batch) {
+  auto model = torch::jit::load(tiny_model());
+  std::vector<torch::Tensor> params;
+  for (auto p : model.parameters()) {
+    p.set_requires_grad(true);
+    params.push_back(p);
+  }
+  torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-3).weight_decay(0.0));
+  TokenData data(kData);
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    auto b = data.batch(0, static_cast<uint64_t>(s), batch, 0, batch, 16);
+    auto t = torch::from_blob(b.data(), {batch, 17}, torch::kLong).clone();
+    auto logits = model.forward({t.slice(1, 0, 16)}).toTensor();
+    auto loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), t.slice(1, 1).reshape({-1}));
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    losses.push_back(loss.item<double>());
+  }
+  return losses;
+}
+
+// Every rank of the plan as a thread with its own executor and an in-process communicator.
+std::vector<double> distributed(const std::string& strategy, std::vector<std::string> sets, int world, int steps,
+                                int64_t batch) {
+  CommandLine cmd;
+  cmd.np = world;
+  cmd.sets = std::move(sets);
+  cmd.search_path = default_search_path();
+  std::string errors;
+  auto plan = compile_plan(tiny_model(), std::string(PIPER_STRATEGY_DIR) + "/" + strategy, cmd, &errors);
+  REQUIRE_MESSAGE(plan, errors);
+  auto comms = make_fake_world(world);
+  TokenData data(kData);
+  std::vector<std::vector<double>> losses(static_cast<size_t>(world));
+  std::vector<std::string> failures(static_cast<size_t>(world));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        Executor ex(*plan, tiny_model(), data, *comms[static_cast<size_t>(r)], ExecutorOptions{batch, 1e-3, "adamw", 0});
+        for (int s = 0; s < steps; ++s) losses[static_cast<size_t>(r)].push_back(ex.step(s).loss);
+      } catch (const std::exception& e) {
+        failures[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (const auto& f : failures) REQUIRE_MESSAGE(f.empty(), f);
+  for (const auto& l : losses) CHECK(l == losses.front());  // every rank reports the same loss
+  return losses.front();
+}
+
+void same_losses(const std::vector<double>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(i);
+    CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+  }
+}
+}  // namespace
+
+TEST_CASE("in-process ranks train to the single-device losses: pipelines, data parallelism, both") {
+  torch::set_num_threads(1);
+  const int steps = 6;
+  const int64_t batch = 8;
+  auto want = reference(steps, batch);
+  CHECK(want.back() < want.front());
+  SUBCASE("single") { same_losses(distributed("single.piper", {"mb=2"}, 1, steps, batch), want); }
+  SUBCASE("dp=2") { same_losses(distributed("dp.piper", {"dp=2"}, 2, steps, batch), want); }
+  SUBCASE("gpipe pp=2 m=4") { same_losses(distributed("gpipe.piper", {"pp=2", "mb=4"}, 2, steps, batch), want); }
+  SUBCASE("1f1b pp=2 m=4") { same_losses(distributed("1f1b.piper", {"pp=2", "mb=4"}, 2, steps, batch), want); }
+  SUBCASE("1f1b pp=4 m=8") { same_losses(distributed("1f1b.piper", {"pp=4", "mb=8"}, 4, steps, batch), want); }
+  SUBCASE("interleaved pp=2 v=2 m=4") {
+    same_losses(distributed("interleaved_1f1b.piper", {"pp=2", "v=2", "mb=4"}, 2, steps, batch), want);
+  }
+  SUBCASE("zb1p pp=2 m=4") { same_losses(distributed("zb1p.piper", {"pp=2", "mb=4"}, 2, steps, batch), want); }
+}

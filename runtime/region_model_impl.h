@@ -1,0 +1,20 @@
+// RegionModel's insides, shared by the executor (which runs regions itself). LibTorch inside.
+#pragma once
+#include <torch/script.h>
+
+#include <string>
+#include <vector>
+
+#include "runtime/region_model.h"
+
+namespace piper::runtime {
+
+struct RegionModel::Impl {
+  torch::jit::Module root;
+  std::string manifest;
+  std::vector<std::string> sequence;
+  std::vector<torch::jit::Module> modules;  // per sequence region
+  int64_t seq_len = 0, vocab = 0;
+};
+
+}  // namespace piper::runtime
