@@ -22,6 +22,9 @@ class Communicator {
   // collectives from the runtime's own bookkeeping), each with its own order.
   virtual void all_reduce_sum(float* data, size_t n, const std::vector<int>& group, int channel) = 0;
   virtual void all_reduce_sum(double* data, size_t n, const std::vector<int>& group, int channel) = 0;
+  // Declares a group before its first collective, so a backend can build its communicator up front
+  // (every member declares its groups in the same sorted order, from one thread).
+  virtual void prepare_group(const std::vector<int>& group, int channel) {}
   // Ends the whole job (all ranks) after a fatal error on this one.
   [[noreturn]] virtual void abort(const std::string& why) = 0;
 };

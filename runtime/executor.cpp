@@ -184,6 +184,14 @@ struct Executor::Impl {
                                              "not supported by the runtime yet",
                                              stage, offset, total));
     }
+    // Every collective group, declared up front in one sorted order on every member.
+    std::set<std::pair<std::vector<int>, int>> groups;
+    for (auto& [stage, st] : stages)
+      if (!st.dp_group.empty()) groups.insert({st.dp_group, 1});
+    std::vector<int> everyone(static_cast<size_t>(comm.size()));
+    for (int r = 0; r < comm.size(); ++r) everyone[static_cast<size_t>(r)] = r;
+    groups.insert({everyone, 2});
+    for (const auto& [g, channel] : groups) comm.prepare_group(g, channel);
     // Predecessors on this rank (cross-rank edges are send -> recv, which the communicator pairs).
     local_preds.assign(plan.dag.nodes.size(), {});
     for (const auto& e : plan.dag.edges)
@@ -366,6 +374,8 @@ struct Executor::Impl {
   }
 };
 
+void set_intra_op_threads(int n) { torch::set_num_threads(n); }
+
 std::vector<std::string> Executor::unsupported(const Plan& plan) {
   std::set<std::string> out;
   for (const Node& n : plan.dag.nodes) {
@@ -389,5 +399,20 @@ Executor::Executor(const Plan& plan, const std::string& model_path, const TokenD
 Executor::~Executor() = default;
 
 StepResult Executor::step(int64_t step) { return impl_->step(step); }
+
+std::pair<double, double> Executor::param_checksum() {
+  double sums[2] = {0, 0};
+  if (impl_->replica == 0)
+    for (auto& [stage, st] : impl_->stages)
+      for (auto& p : st.params) {
+        auto d = p.detach().to(torch::kDouble);
+        sums[0] += d.sum().item<double>();
+        sums[1] += (d * d).sum().item<double>();
+      }
+  std::vector<int> everyone(static_cast<size_t>(impl_->comm.size()));
+  for (int r = 0; r < impl_->comm.size(); ++r) everyone[static_cast<size_t>(r)] = r;
+  impl_->comm.all_reduce_sum(sums, 2, everyone, 2);
+  return {sums[0], sums[1]};
+}
 
 }  // namespace piper::runtime

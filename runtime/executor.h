@@ -30,6 +30,9 @@ struct StepResult {
   std::vector<OpSpan> ops;
 };
 
+// LibTorch's intra-op threads for this process (ranks sharing cores want 1 each).
+void set_intra_op_threads(int n);
+
 class Executor {
  public:
   // Throws std::runtime_error when the plan needs something this runtime does not execute yet.
@@ -37,6 +40,9 @@ class Executor {
            ExecutorOptions options);
   ~Executor();
   StepResult step(int64_t step);
+  // Sum and sum of squares of every model parameter (each counted once across replicas), the same
+  // on every rank: compared with the reference trainer's to show the final weights agree.
+  std::pair<double, double> param_checksum();
   // Kinds of DAG nodes this executor cannot run; empty when the plan is supported.
   static std::vector<std::string> unsupported(const Plan& plan);
 

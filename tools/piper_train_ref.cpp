@@ -64,6 +64,13 @@ int main(int argc, char** argv) {
         metrics << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"tokens_per_s\":{:.1f},\"step_s\":{:.6f}}}\n", step + 1,
                                loss.item<double>(), double(batch * seq) / secs, secs);
     }
+    double sum = 0, sumsq = 0;
+    for (auto& p : params) {
+      auto d = p.detach().to(torch::kDouble);
+      sum += d.sum().item<double>();
+      sumsq += (d * d).sum().item<double>();
+    }
+    if (metrics.is_open()) metrics << fmt::format("{{\"final_param_sum\":{:.12g},\"final_param_sumsq\":{:.12g}}}\n", sum, sumsq);
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "piper-train-ref: error: {}\n", e.what());

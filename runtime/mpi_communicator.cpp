@@ -1,0 +1,114 @@
+#include "runtime/mpi_communicator.h"
+
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+namespace piper::runtime {
+
+namespace {
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw std::runtime_error(fmt::format("MPI {} failed: {}", what, std::string(msg, static_cast<size_t>(len))));
+}
+
+class MpiCommunicator : public Communicator {
+ public:
+  MpiCommunicator() {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    // Errors come back as codes (turned into exceptions naming the op), not as silent aborts.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &p2p_), "Comm_dup");
+    MPI_Comm_set_errhandler(p2p_, MPI_ERRORS_RETURN);
+  }
+  ~MpiCommunicator() override {
+    for (auto& [key, c] : groups_) MPI_Comm_free(&c);
+    MPI_Comm_free(&p2p_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void send(const void* data, size_t bytes, int peer, int tag) override {
+    check(MPI_Send(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, p2p_), "Send");
+  }
+  void recv(void* data, size_t bytes, int peer, int tag) override {
+    MPI_Status st;
+    check(MPI_Recv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, p2p_, &st), "Recv");
+    int got = 0;
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    if (static_cast<size_t>(got) != bytes)
+      throw std::runtime_error(fmt::format("MPI Recv from rank {}: {} bytes, expected {}", peer, got, bytes));
+  }
+
+  void prepare_group(const std::vector<int>& group, int channel) override {
+    auto key = std::make_pair(group, channel);
+    if (groups_.count(key)) return;
+    MPI_Group world, sub;
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Group_incl(world, static_cast<int>(group.size()), group.data(), &sub);
+    MPI_Comm c;
+    // Collective over the group's members only; the tag keeps concurrent creations apart.
+    check(MPI_Comm_create_group(MPI_COMM_WORLD, sub, channel, &c), "Comm_create_group");
+    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    MPI_Group_free(&sub);
+    MPI_Group_free(&world);
+    groups_[key] = c;
+  }
+
+  void all_reduce_sum(float* data, size_t n, const std::vector<int>& group, int channel) override {
+    check(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm(group, channel)), "Allreduce");
+  }
+  void all_reduce_sum(double* data, size_t n, const std::vector<int>& group, int channel) override {
+    check(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, comm(group, channel)), "Allreduce");
+  }
+
+  [[noreturn]] void abort(const std::string& why) override {
+    std::fprintf(stderr, "piper-run: error: %s\npiper-run: stopping every rank\n", why.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::abort();
+  }
+
+ private:
+  MPI_Comm comm(const std::vector<int>& group, int channel) {
+    auto it = groups_.find({group, channel});
+    if (it == groups_.end())
+      throw std::logic_error(fmt::format("collective on group of {} ranks (channel {}) was never prepared", group.size(), channel));
+    return it->second;
+  }
+  int rank_ = 0, size_ = 1;
+  MPI_Comm p2p_;
+  std::map<std::pair<std::vector<int>, int>, MPI_Comm> groups_;  // written before threads start
+};
+
+struct MpiSession {
+  MpiSession(int* argc, char*** argv) {
+    int provided = 0;
+    MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+    if (provided < MPI_THREAD_MULTIPLE) {
+      std::fprintf(stderr, "piper-run: error: this MPI does not support MPI_THREAD_MULTIPLE (streams communicate concurrently)\n");
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
+  ~MpiSession() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+};
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(int* argc, char*** argv) {
+  static MpiSession session(argc, argv);
+  return std::make_unique<MpiCommunicator>();
+}
+
+}  // namespace piper::runtime

@@ -1,0 +1,167 @@
+// piper-run: `mpirun -np N piper-run model.pt strategy.piper` — every rank compiles the same plan and
+// executes its own program of it, step after step (thin main over runtime/).
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "runtime/executor.h"
+#include "runtime/mpi_communicator.h"
+#include "runtime/plan.h"
+
+using namespace piper;
+using namespace piper::runtime;
+
+namespace {
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+// Rank 0 collects every rank's spans into one Perfetto/Chrome trace: a process per rank, a thread
+// per stream.
+void write_trace(Communicator& comm, const std::vector<std::pair<int64_t, StepResult>>& steps, const std::string& path) {
+  nlohmann::json events = nlohmann::json::array();
+  double offset = 0;
+  for (const auto& [step, r] : steps) {
+    for (const auto& op : r.ops)
+      events.push_back({{"name", op.token}, {"ph", "X"}, {"pid", comm.rank()}, {"tid", op.stream},
+                        {"ts", (offset + op.start) * 1e6}, {"dur", (op.end - op.start) * 1e6}, {"args", {{"step", step + 1}}}});
+    offset += r.seconds;
+  }
+  std::string mine = events.dump();
+  const int kLenTag = 1 << 30, kDataTag = (1 << 30) + 1;
+  if (comm.rank() != 0) {
+    uint64_t n = mine.size();
+    comm.send(&n, sizeof n, 0, kLenTag);
+    comm.send(mine.data(), mine.size(), 0, kDataTag);
+    return;
+  }
+  nlohmann::json all = nlohmann::json::array();
+  auto add = [&](const nlohmann::json& evs, int rank) {
+    all.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"args", {{"name", fmt::format("rank {}", rank)}}}});
+    for (const auto& e : evs) all.push_back(e);
+  };
+  add(events, 0);
+  for (int r = 1; r < comm.size(); ++r) {
+    uint64_t n = 0;
+    comm.recv(&n, sizeof n, r, kLenTag);
+    std::string text(n, '\0');
+    comm.recv(text.data(), n, r, kDataTag);
+    add(nlohmann::json::parse(text), r);
+  }
+  std::ofstream(path) << nlohmann::json{{"traceEvents", all}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto comm = make_mpi_communicator(&argc, &argv);
+  const bool lead = comm->rank() == 0;
+  CLI::App app{"piper-run: train MODEL with STRATEGY; under mpirun, one executor per rank"};
+  app.set_version_flag("--version", std::string("piper-run ") + PIPER_VERSION);
+  std::string model, strategy, data_path = std::string(PIPER_SOURCE_DIR) + "/data/corpus.txt", metrics_path, trace_path;
+  std::string optimizer = "adamw";
+  int64_t steps = 20, batch = 8, seq_len = 0, threads = 0;
+  double lr = 1e-3;
+  uint64_t seed = 0;
+  std::vector<std::string> sets, include;
+  app.add_option("MODEL", model, "model.pt with its region manifest")->required();
+  app.add_option("STRATEGY", strategy, "strategy file (.piper)")->required();
+  app.add_option("--steps", steps)->capture_default_str();
+  app.add_option("--batch-size", batch, "global batch (samples per step, all replicas)")->capture_default_str();
+  app.add_option("--seq-len", seq_len, "tokens per sample (must be the model's, the default)");
+  app.add_option("--lr", lr)->capture_default_str();
+  app.add_option("--optimizer", optimizer, "adamw | sgd")->check(CLI::IsMember({"adamw", "sgd"}))->capture_default_str();
+  app.add_option("--seed", seed, "data order seed")->capture_default_str();
+  app.add_option("--data", data_path, "text file (byte tokens) or nanoGPT .bin")->capture_default_str();
+  app.add_option("--set", sets, "override a strategy parameter: NAME=VALUE (repeatable)")->allow_extra_args(false);
+  app.add_option("-I,--include", include, "extra folder for `use \"...\"`")->allow_extra_args(false);
+  app.add_option("--metrics", metrics_path, "JSON lines, one per step (written by rank 0)");
+  app.add_option("--trace", trace_path, "Perfetto/Chrome trace of what ran: a track per rank and stream");
+  app.add_option("--threads", threads, "intra-op threads per rank (default: cores / ranks on this node)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = lead ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
+    return rc == 0 ? 0 : 2;
+  }
+  auto fail = [&](const std::string& msg) {
+    if (lead) fmt::print(stderr, "{}{}", msg, msg.ends_with('\n') ? "" : "\n");
+    return 1;
+  };
+
+  // Every rank compiles the same plan from the same inputs; a mismatch is refused below.
+  CommandLine cmd;
+  cmd.np = comm->size();
+  cmd.sets = sets;
+  cmd.batch_size = batch;
+  cmd.search_path = include;
+  for (auto& d : default_search_path()) cmd.search_path.push_back(d);
+  std::string errors;
+  auto plan = compile_plan(model, strategy, cmd, &errors);
+  if (!plan) return fail(errors);
+  auto missing = Executor::unsupported(*plan);
+  if (!missing.empty())
+    return fail(fmt::format("piper-run: error: {} uses what the runtime does not execute yet: {} (piper-check can still "
+                            "check and simulate it)",
+                            strategy, fmt::format("{}", fmt::join(missing, ", "))));
+  {
+    // Compare plan hashes: each rank fills its slot, a sum shows everyone's.
+    std::vector<double> h(static_cast<size_t>(comm->size()) * 2, 0.0);
+    h[static_cast<size_t>(comm->rank()) * 2] = static_cast<double>(plan->hash >> 32);
+    h[static_cast<size_t>(comm->rank()) * 2 + 1] = static_cast<double>(plan->hash & 0xffffffffu);
+    std::vector<int> everyone(static_cast<size_t>(comm->size()));
+    for (int r = 0; r < comm->size(); ++r) everyone[static_cast<size_t>(r)] = r;
+    comm->prepare_group(everyone, 3);
+    comm->all_reduce_sum(h.data(), h.size(), everyone, 3);
+    for (int r = 1; r < comm->size(); ++r)
+      if (h[static_cast<size_t>(r) * 2] != h[0] || h[static_cast<size_t>(r) * 2 + 1] != h[1])
+        return fail(fmt::format("piper-run: error: rank {} compiled a different plan than rank 0 (different files or "
+                                "--set on different ranks?); refusing to start",
+                                r));
+  }
+  try {
+    TokenData data(data_path);
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    int64_t local_ranks = local ? std::max(1, std::atoi(local)) : 1;
+    int64_t t = threads > 0 ? threads : std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) / local_ranks);
+    set_intra_op_threads(static_cast<int>(t));
+    Executor ex(*plan, model, data, *comm, ExecutorOptions{batch, lr, optimizer, seed});
+    if (seq_len > 0 && seq_len != plan->manifest.regions[static_cast<size_t>(plan->manifest.sequence.front())].input->shape[0])
+      return fail("piper-run: error: --seq-len must be the model's sequence length for now");
+    int64_t seq = plan->manifest.regions[static_cast<size_t>(plan->manifest.sequence.front())].input->shape[0];
+    if (lead)
+      fmt::print("piper-run: {} ranks, {} stages, {} microbatches of {} samples, {} threads per rank\n", comm->size(),
+                 plan->strategy.stages.size(), plan->strategy.microbatches, plan->samples_per_microbatch, t);
+    std::ofstream metrics;
+    if (lead && !metrics_path.empty()) metrics.open(metrics_path);
+    std::vector<std::pair<int64_t, StepResult>> spans;
+    for (int64_t s = 0; s < steps; ++s) {
+      StepResult r = ex.step(s);
+      double tps = double(batch * seq) / r.seconds;
+      if (lead) {
+        fmt::print("step {:>4}/{}  loss {:.6f}  {:>8.0f} tokens/s  {:.3f} s  peak {:.0f} MiB\n", s + 1, steps, r.loss, tps,
+                   r.seconds, double(peak_rss_bytes()) / (1 << 20));
+        std::fflush(stdout);
+        if (metrics.is_open())
+          metrics << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"tokens_per_s\":{:.1f},\"step_s\":{:.6f},\"peak_mem_bytes\":{}}}\n",
+                                 s + 1, r.loss, tps, r.seconds, peak_rss_bytes())
+                  << std::flush;
+      }
+      if (!trace_path.empty()) spans.emplace_back(s, std::move(r));
+    }
+    if (!trace_path.empty()) write_trace(*comm, spans, trace_path);
+    auto [sum, sumsq] = ex.param_checksum();
+    if (lead && metrics.is_open())
+      metrics << fmt::format("{{\"final_param_sum\":{:.12g},\"final_param_sumsq\":{:.12g}}}\n", sum, sumsq);
+    return 0;
+  } catch (const std::exception& e) {
+    comm->abort(e.what());
+  }
+}
