@@ -9,7 +9,7 @@ trap 'rm -rf "$tmp"' EXIT
 "$train" "$tmp/m.pt" --data "$root/data/corpus.txt" --steps 40 --batch-size 8 --threads 1 --metrics "$tmp/m.jsonl" >/dev/null
 /usr/bin/python3 - "$tmp/m.jsonl" <<'PY'
 import json, sys
-losses = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+losses = [r["loss"] for r in map(json.loads, open(sys.argv[1])) if "loss" in r]
 first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
 print(f"loss {first:.3f} -> {last:.3f} over {len(losses)} steps")
 assert len(losses) == 40 and last < first - 1.0, (first, last)
