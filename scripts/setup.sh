@@ -10,6 +10,7 @@ packages=(
   antlr4 libantlr4-runtime-dev default-jre-headless
   libfmt-dev nlohmann-json3-dev libcli11-dev doctest-dev libzip-dev
   libtorch-dev python3-torch libopenblas0-pthread
+  libopenmpi-dev openmpi-bin
 )
 missing=()
 for p in "${packages[@]}"; do
