@@ -62,6 +62,7 @@ struct Executor::Impl {
   // Per (stage, microbatch): the tensors that flow between ops of one step.
   struct Act {
     torch::Tensor input, output, loss, recv, grad_in, input_grad;
+    bool recompute = false;  // the forward ran without a graph; the backward reruns it
   };
   std::map<std::pair<int32_t, int32_t>, Act> acts;
   torch::Tensor tokens;  // this replica's samples of the step: [replica batch, seq + 1]
@@ -163,6 +164,19 @@ struct Executor::Impl {
         st.optimizer = std::make_unique<torch::optim::SGD>(st.params, torch::optim::SGDOptions(opt.lr));
       stages.emplace(n.stage, std::move(st));
     }
+    // Weights of regions this rank does not hold are released: the archive is read whole (TorchScript
+    // has no partial load), but only the owned stages' weights stay in memory.
+    {
+      std::set<std::string> owned;
+      for (auto& [stage, st] : stages)
+        for (RegionId r : s.stages[static_cast<size_t>(stage)].regions) owned.insert(plan.manifest.regions[static_cast<size_t>(r)].name);
+      for (size_t i = 0; i < impl.sequence.size(); ++i) {
+        if (owned.count(impl.sequence[i])) continue;
+        for (auto sub : impl.modules[i].modules())
+          for (const auto& np : sub.named_parameters(/*recurse=*/false))
+            sub.register_parameter(np.name, torch::empty({0}), false);
+      }
+    }
     // Gradient buckets: contiguous float ranges of the stage's flattened gradients, in bucket order.
     std::map<int32_t, std::map<int32_t, int64_t>> bucket_bytes;
     for (size_t v = 0; v < plan.dag.nodes.size(); ++v) {
@@ -204,6 +218,21 @@ struct Executor::Impl {
     return x;
   }
 
+  // Before the backward of a recomputed forward: run it again, now recording the graph.
+  void rematerialize(const Node& n, Act& a) {
+    if (!a.recompute) return;
+    a.recompute = false;
+    a.output = run_stage(n.stage, a.input);
+    if (n.stage == last_stage) a.loss = loss_of(n, a.output);
+  }
+
+  torch::Tensor loss_of(const Node& n, const torch::Tensor& output) {
+    auto targets = tokens.slice(0, n.microbatch * samples_per_mb, (n.microbatch + 1) * samples_per_mb).slice(1, 1);
+    // Each microbatch's mean, scaled so the microbatches sum to the batch mean.
+    return at::cross_entropy_loss(output.reshape({-1, output.size(-1)}), targets.reshape({-1})) /
+           static_cast<double>(plan.strategy.microbatches);
+  }
+
   void run(NodeId v) {
     const Node& n = node(v);
     auto key = std::make_pair(n.stage, n.microbatch);
@@ -215,17 +244,20 @@ struct Executor::Impl {
         } else {
           a.input = a.recv.detach().requires_grad_(true);
         }
-        a.output = run_stage(n.stage, a.input);
-        if (n.stage == last_stage) {
-          auto targets = tokens.slice(0, n.microbatch * samples_per_mb, (n.microbatch + 1) * samples_per_mb).slice(1, 1);
-          // Each microbatch's mean, scaled so the microbatches sum to the batch mean.
-          a.loss = at::cross_entropy_loss(a.output.reshape({-1, a.output.size(-1)}), targets.reshape({-1})) /
-                   static_cast<double>(plan.strategy.microbatches);
+        if (n.flags & ir::kRecompute) {
+          // Activation checkpointing: keep only the input now, recompute before the backward.
+          torch::NoGradGuard no_grad;
+          a.output = run_stage(n.stage, a.input);
+          a.recompute = true;
+        } else {
+          a.output = run_stage(n.stage, a.input);
         }
+        if (n.stage == last_stage) a.loss = loss_of(n, a.output);
         break;
       }
       case Op::B: {
         Act& a = acts[key];
+        rematerialize(n, a);
         if (n.stage == last_stage) a.loss.backward();
         else a.output.backward(a.grad_in);
         if (n.stage > 0) a.input_grad = a.input.grad();
@@ -234,6 +266,7 @@ struct Executor::Impl {
       }
       case Op::BI: {
         Act& a = acts[key];
+        rematerialize(n, a);
         if (n.stage > 0) {
           auto out = n.stage == last_stage ? a.loss : a.output;
           std::vector<torch::Tensor> grad_out;

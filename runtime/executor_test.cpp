@@ -110,4 +110,7 @@ TEST_CASE("in-process ranks train to the single-device losses: pipelines, data p
     same_losses(distributed("interleaved_1f1b.piper", {"pp=2", "v=2", "mb=4"}, 2, steps, batch), want);
   }
   SUBCASE("zb1p pp=2 m=4") { same_losses(distributed("zb1p.piper", {"pp=2", "mb=4"}, 2, steps, batch), want); }
+  SUBCASE("1f1b pp=2 m=4 with recompute") {
+    same_losses(distributed("../tests/strategies/1f1b_recompute.piper", {"pp=2", "mb=4"}, 2, steps, batch), want);
+  }
 }
