@@ -994,7 +994,7 @@ class Checker {
     int64_t pp = out_.pipeline_axis.empty() ? 1 : axis_size(out_.pipeline_axis);
     int64_t data_ways = out_.world / std::max<int64_t>(1, pp);
     int64_t need = data_ways * out_.microbatches;
-    if (*opt_.batch_size % need == 0) return;
+    if (need <= 0 || *opt_.batch_size % need == 0) return;  // need 0: the mesh error says why
     SourceLoc at = split_loc_.valid() ? split_loc_ : SourceLoc{top_, 1, 1, 1};
     diags_.error(at, fmt::format("the global batch of {} does not split into {} data-parallel replicas × {} "
                                  "microbatches",

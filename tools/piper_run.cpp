@@ -141,13 +141,20 @@ int main(int argc, char** argv) {
                  plan->strategy.stages.size(), plan->strategy.microbatches, plan->samples_per_microbatch, t);
     std::ofstream metrics;
     if (lead && !metrics_path.empty()) metrics.open(metrics_path);
+    const bool tty = isatty(1);
     std::vector<std::pair<int64_t, StepResult>> spans;
     for (int64_t s = 0; s < steps; ++s) {
       StepResult r = ex.step(s);
       double tps = double(batch * seq) / r.seconds;
       if (lead) {
+        if (tty) fmt::print("\r\033[K");  // replace the progress bar with the step's line
         fmt::print("step {:>4}/{}  loss {:.6f}  {:>8.0f} tokens/s  {:.3f} s  peak {:.0f} MiB\n", s + 1, steps, r.loss, tps,
                    r.seconds, double(peak_rss_bytes()) / (1 << 20));
+        if (tty && s + 1 < steps) {
+          int done = static_cast<int>(40 * (s + 1) / steps);
+          fmt::print("[{}{}] {}/{}", std::string(static_cast<size_t>(done), '#'), std::string(static_cast<size_t>(40 - done), '.'),
+                     s + 1, steps);
+        }
         std::fflush(stdout);
         if (metrics.is_open())
           metrics << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"tokens_per_s\":{:.1f},\"step_s\":{:.6f},\"peak_mem_bytes\":{}}}\n",

@@ -26,11 +26,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const piper::Manifest gpt = load("gpt8.json");
   static const piper::Manifest moe = load("moe8.json");
   std::string text(reinterpret_cast<const char*>(data), size);
-  for (const piper::Manifest* m : {&gpt, &moe}) {
+  // Twice without command-line settings, once with a world size and batch derived from the input
+  // (option-dependent arithmetic gets exercised too).
+  for (int pass = 0; pass < 3; ++pass) {
+    const piper::Manifest* m = pass == 1 ? &moe : &gpt;
     piper::SourceManager sm;
     piper::DiagnosticEngine diags(sm);
     piper::CommandLine cmd;
     cmd.search_path.push_back(PIPER_STRATEGY_DIR);
+    if (pass == 2) {
+      cmd.np = static_cast<int64_t>(size % 9);  // 0 is a usage error, also worth a try
+      cmd.batch_size = static_cast<int64_t>(size % 67);
+    }
     // Keep single inputs fast so the fuzzer explores instead of expanding huge loops.
     piper::FileId id = sm.add(std::string(PIPER_STRATEGY_DIR) + "/fuzz.piper", text);
     auto checked = piper::check_text(id, *m, cmd, sm, diags);
