@@ -22,6 +22,14 @@ class Communicator {
   // collectives from the runtime's own bookkeeping), each with its own order.
   virtual void all_reduce_sum(float* data, size_t n, const std::vector<int>& group, int channel) = 0;
   virtual void all_reduce_sum(double* data, size_t n, const std::vector<int>& group, int channel) = 0;
+  // ZeRO's halves of an all-reduce. `offsets` (group size + 1 entries) split the n elements among the
+  // members in group order. reduce_scatter_sum: sum `in` (n elements) over the group; member j gets
+  // elements [offsets[j], offsets[j+1]) in `out`. all_gather: member j contributes those elements
+  // (`in`); everyone gets all n in `out`.
+  virtual void reduce_scatter_sum(const float* in, float* out, const std::vector<size_t>& offsets,
+                                  const std::vector<int>& group, int channel) = 0;
+  virtual void all_gather(const float* in, float* out, const std::vector<size_t>& offsets, const std::vector<int>& group,
+                          int channel) = 0;
   // Declares a group before its first collective, so a backend can build its communicator up front
   // (every member declares its groups in the same sorted order, from one thread).
   virtual void prepare_group(const std::vector<int>& group, int channel) {}

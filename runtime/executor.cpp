@@ -56,6 +56,16 @@ struct Executor::Impl {
     torch::Tensor flat_grads;  // while its gradients are being reduced
     std::map<int32_t, std::pair<int64_t, int64_t>> buckets;  // bucket -> [first, last) float offsets
     std::vector<int> dp_group;
+    // ZeRO-1/2: this rank updates only its shard of each bucket (AdamW and SGD are elementwise, so the
+    // sharded update is the full update), then all-gathers the parameters.
+    int zero = 0;
+    size_t member = 0;                          // this rank's index in dp_group
+    std::map<int32_t, std::vector<size_t>> shard_offsets;  // bucket -> split of its range among members
+    std::map<int32_t, torch::Tensor> shards;      // bucket -> this rank's parameter shard (optimised)
+    std::map<int32_t, torch::Tensor> shard_grads; // bucket -> summed gradient shard
+    std::map<int32_t, torch::Tensor> mb_grads;    // ZeRO-2: microbatch -> its gradients, moved out after its backward
+    torch::Tensor flat_params;                    // gathered parameters, copied back after the last bucket
+    int gathered = 0;
   };
   std::map<int32_t, StageState> stages;
 
@@ -181,10 +191,11 @@ struct Executor::Impl {
     std::map<int32_t, std::map<int32_t, int64_t>> bucket_bytes;
     for (size_t v = 0; v < plan.dag.nodes.size(); ++v) {
       const Node& n = plan.dag.nodes[v];
-      if (plan.schedule.node_class[v] == cls && n.op == Op::AllReduce) {
-        bucket_bytes[n.stage][n.bucket] = n.bytes;
-        stages.at(n.stage).dp_group = group_along(n);
-      }
+      if (plan.schedule.node_class[v] != cls || (n.op != Op::AllReduce && n.op != Op::ReduceScatter)) continue;
+      bucket_bytes[n.stage][n.bucket] = n.bytes;
+      auto& st = stages.at(n.stage);
+      st.dp_group = group_along(n);
+      if (n.op == Op::ReduceScatter) st.zero = std::max(st.zero, n.microbatch >= 0 ? 2 : 1);
     }
     for (auto& [stage, bs] : bucket_bytes) {
       int64_t offset = 0, total = 0;
@@ -197,6 +208,29 @@ struct Executor::Impl {
         throw std::runtime_error(fmt::format("stage {} replicates {} of its {} parameters: replicating part of a stage is "
                                              "not supported by the runtime yet",
                                              stage, offset, total));
+      auto& st = stages.at(stage);
+      if (st.zero == 0) continue;
+      // Shards: each bucket's range split evenly (the first members take one more when uneven).
+      st.member = static_cast<size_t>(std::find(st.dp_group.begin(), st.dp_group.end(), rank) - st.dp_group.begin());
+      std::vector<torch::Tensor> flat;
+      for (auto& p : st.params) flat.push_back(p.detach().reshape({-1}));
+      st.flat_params = torch::cat(flat);
+      std::vector<torch::Tensor> mine;
+      const size_t g = st.dp_group.size();
+      for (auto [k, range] : st.buckets) {
+        size_t len = static_cast<size_t>(range.second - range.first);
+        std::vector<size_t> off{0};
+        for (size_t j = 0; j < g; ++j) off.push_back(off.back() + len / g + (j < len % g ? 1 : 0));
+        st.shard_offsets[k] = off;
+        auto shard = st.flat_params.slice(0, range.first + static_cast<int64_t>(off[st.member]),
+                                          range.first + static_cast<int64_t>(off[st.member + 1])).clone().requires_grad_(true);
+        st.shards[k] = shard;
+        mine.push_back(shard);
+      }
+      if (opt.optimizer == "adamw")
+        st.optimizer = std::make_unique<torch::optim::AdamW>(mine, torch::optim::AdamWOptions(opt.lr).weight_decay(0.0));
+      else
+        st.optimizer = std::make_unique<torch::optim::SGD>(mine, torch::optim::SGDOptions(opt.lr));
     }
     // Every collective group, declared up front in one sorted order on every member.
     std::set<std::pair<std::vector<int>, int>> groups;
@@ -216,6 +250,26 @@ struct Executor::Impl {
   torch::Tensor run_stage(int32_t stage, torch::Tensor x) {
     for (auto& m : stages.at(stage).modules) x = m.forward({x}).toTensor();
     return x;
+  }
+
+  torch::Tensor flat_grads_of(StageState& st) {
+    std::vector<torch::Tensor> flat;
+    for (auto& p : st.params) flat.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}));
+    return torch::cat(flat);
+  }
+
+  // ZeRO-2: once a microbatch's backward on a stage is complete, its gradients move out of the
+  // parameters (to be reduce-scattered by the comm stream) and the parameters' gradients restart.
+  void move_out_gradients(const Node& n) {
+    auto it = stages.find(n.stage);
+    if (it == stages.end() || it->second.zero != 2 || n.op == Op::BI) return;
+    if (n.segment > 0) return;  // the stage's last backward piece (pieces run in reverse)
+    auto& st = it->second;
+    torch::Tensor g = flat_grads_of(st);
+    for (auto& p : st.params)
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    std::lock_guard lk(mu);
+    st.mb_grads[n.microbatch] = g;
   }
 
   // Before the backward of a recomputed forward: run it again, now recording the graph.
@@ -262,6 +316,7 @@ struct Executor::Impl {
         else a.output.backward(a.grad_in);
         if (n.stage > 0) a.input_grad = a.input.grad();
         a.output = torch::Tensor();  // activations are freed as soon as their backward ran
+        move_out_gradients(n);
         break;
       }
       case Op::BI: {
@@ -280,10 +335,16 @@ struct Executor::Impl {
         if (n.stage == last_stage) torch::autograd::backward({a.loss});
         else torch::autograd::backward({a.output}, {a.grad_in});
         a.output = torch::Tensor();
+        move_out_gradients(n);
         break;
       }
       case Op::U: {
         auto& st = stages.at(n.stage);
+        if (st.zero > 0) {
+          for (auto& [k, shard] : st.shards) shard.mutable_grad() = st.shard_grads.at(k) / static_cast<double>(st.dp_group.size());
+          st.optimizer->step();
+          break;
+        }
         if (st.flat_grads.defined()) {
           // Averaged gradients back into place.
           st.flat_grads.div_(static_cast<double>(st.dp_group.size()));
@@ -330,6 +391,49 @@ struct Executor::Impl {
         comm.all_reduce_sum(st.flat_grads.data_ptr<float>() + lo, static_cast<size_t>(hi - lo), st.dp_group, 1);
         break;
       }
+      case Op::ReduceScatter: {
+        auto& st = stages.at(n.stage);
+        torch::Tensor source;
+        {
+          std::lock_guard lk(mu);
+          if (n.microbatch >= 0) {
+            source = st.mb_grads.at(n.microbatch);
+          } else {
+            if (!st.flat_grads.defined()) st.flat_grads = flat_grads_of(st);
+            source = st.flat_grads;
+          }
+        }
+        auto [lo, hi] = st.buckets.at(n.bucket);
+        const auto& off = st.shard_offsets.at(n.bucket);
+        torch::Tensor out = torch::empty({static_cast<int64_t>(off[st.member + 1] - off[st.member])});
+        torch::Tensor bucket = source.slice(0, lo, hi).contiguous();
+        comm.reduce_scatter_sum(bucket.data_ptr<float>(), out.data_ptr<float>(), off, st.dp_group, 1);
+        std::lock_guard lk(mu);
+        auto it = st.shard_grads.find(n.bucket);
+        if (it == st.shard_grads.end()) st.shard_grads[n.bucket] = out;
+        else it->second.add_(out);
+        break;
+      }
+      case Op::AllGather: {
+        auto& st = stages.at(n.stage);
+        auto [lo, hi] = st.buckets.at(n.bucket);
+        torch::Tensor shard = st.shards.at(n.bucket).detach().contiguous();
+        torch::Tensor full = torch::empty({hi - lo});
+        comm.all_gather(shard.data_ptr<float>(), full.data_ptr<float>(), st.shard_offsets.at(n.bucket), st.dp_group, 1);
+        std::lock_guard lk(mu);
+        st.flat_params.slice(0, lo, hi).copy_(full);
+        if (++st.gathered == static_cast<int>(st.buckets.size())) {
+          // The last bucket is in: the updated parameters go back into the modules.
+          torch::NoGradGuard no_grad;
+          int64_t o = 0;
+          for (auto& p : st.params) {
+            p.copy_(st.flat_params.slice(0, o, o + p.numel()).view_as(p));
+            o += p.numel();
+          }
+          st.gathered = 0;
+        }
+        break;
+      }
       default:
         throw std::runtime_error(fmt::format("{} is not supported by the runtime yet", ir::op_name(n.op)));
     }
@@ -341,7 +445,14 @@ struct Executor::Impl {
     auto batch = data.batch(opt.seed, static_cast<uint64_t>(s), opt.global_batch, replica * (opt.global_batch / replicas),
                             opt.global_batch / replicas, seq);
     tokens = torch::from_blob(batch.data(), {opt.global_batch / replicas, seq + 1}, torch::kLong).clone();
-    for (auto& [stage, st] : stages) st.optimizer->zero_grad();
+    for (auto& [stage, st] : stages) {
+      st.optimizer->zero_grad();
+      for (auto& p : st.params)
+        if (p.grad().defined()) p.mutable_grad().zero_();
+      st.shard_grads.clear();
+      st.mb_grads.clear();
+      st.flat_grads = torch::Tensor();
+    }
     acts.clear();
     for (size_t v = 0; v < plan.dag.nodes.size(); ++v)
       if (plan.schedule.node_class[v] == cls) acts[{node(static_cast<NodeId>(v)).stage, node(static_cast<NodeId>(v)).microbatch}];
@@ -413,7 +524,7 @@ std::vector<std::string> Executor::unsupported(const Plan& plan) {
   std::set<std::string> out;
   for (const Node& n : plan.dag.nodes) {
     if (n.segment >= 0 || n.op == Op::AllToAll) out.insert("expert parallelism (shard)");
-    if (n.op == Op::ReduceScatter || n.op == Op::AllGather) out.insert("ZeRO (replicate ... zero 1/2/3)");
+    if (n.op == Op::AllGather && (n.flags & ir::kMaterialize)) out.insert("ZeRO-3 (replicate ... zero 3)");
     if (n.op == Op::Broadcast) out.insert("broadcast");
   }
   return {out.begin(), out.end()};

@@ -110,6 +110,13 @@ TEST_CASE("in-process ranks train to the single-device losses: pipelines, data p
     same_losses(distributed("interleaved_1f1b.piper", {"pp=2", "v=2", "mb=4"}, 2, steps, batch), want);
   }
   SUBCASE("zb1p pp=2 m=4") { same_losses(distributed("zb1p.piper", {"pp=2", "mb=4"}, 2, steps, batch), want); }
+  SUBCASE("zero1 dp=2") { same_losses(distributed("zero1.piper", {"dp=2"}, 2, steps, batch), want); }
+  SUBCASE("zero2 dp=2 with 2 microbatches and small buckets") {
+    same_losses(distributed("../tests/strategies/zero2_mb2_buckets.piper", {"dp=2"}, 2, steps, batch), want);
+  }
+  SUBCASE("1f1b pp=2 x zero2 dp=2") {
+    same_losses(distributed("1f1b_zero2.piper", {"pp=2", "dp=2", "mb=2"}, 4, steps, batch), want);
+  }
   SUBCASE("1f1b pp=2 m=4 with recompute") {
     same_losses(distributed("../tests/strategies/1f1b_recompute.piper", {"pp=2", "mb=4"}, 2, steps, batch), want);
   }

@@ -84,6 +84,24 @@ class FakeCommunicator : public Communicator {
     reduce(data, n, group, channel);
   }
 
+  // Built on the summing rounds: exact, since every element has one non-zero contribution (gather)
+  // or is summed in group order as all_reduce does (scatter).
+  void reduce_scatter_sum(const float* in, float* out, const std::vector<size_t>& offsets, const std::vector<int>& group,
+                          int channel) override {
+    std::vector<float> all(in, in + offsets.back());
+    reduce(all.data(), all.size(), group, channel);
+    size_t me = static_cast<size_t>(std::find(group.begin(), group.end(), rank_) - group.begin());
+    std::copy(all.begin() + static_cast<long>(offsets[me]), all.begin() + static_cast<long>(offsets[me + 1]), out);
+  }
+  void all_gather(const float* in, float* out, const std::vector<size_t>& offsets, const std::vector<int>& group,
+                  int channel) override {
+    size_t me = static_cast<size_t>(std::find(group.begin(), group.end(), rank_) - group.begin());
+    std::vector<float> all(offsets.back(), 0.0f);
+    std::copy(in, in + (offsets[me + 1] - offsets[me]), all.begin() + static_cast<long>(offsets[me]));
+    reduce(all.data(), all.size(), group, channel);
+    std::copy(all.begin(), all.end(), out);
+  }
+
   [[noreturn]] void abort(const std::string& why) override {
     {
       std::lock_guard lk(s_->mu);

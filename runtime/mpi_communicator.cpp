@@ -70,6 +70,26 @@ class MpiCommunicator : public Communicator {
     check(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, comm(group, channel)), "Allreduce");
   }
 
+  void reduce_scatter_sum(const float* in, float* out, const std::vector<size_t>& offsets, const std::vector<int>& group,
+                          int channel) override {
+    std::vector<int> counts;
+    for (size_t j = 0; j + 1 < offsets.size(); ++j) counts.push_back(static_cast<int>(offsets[j + 1] - offsets[j]));
+    check(MPI_Reduce_scatter(in, out, counts.data(), MPI_FLOAT, MPI_SUM, comm(group, channel)), "Reduce_scatter");
+  }
+  void all_gather(const float* in, float* out, const std::vector<size_t>& offsets, const std::vector<int>& group,
+                  int channel) override {
+    std::vector<int> counts, displs;
+    for (size_t j = 0; j + 1 < offsets.size(); ++j) {
+      counts.push_back(static_cast<int>(offsets[j + 1] - offsets[j]));
+      displs.push_back(static_cast<int>(offsets[j]));
+    }
+    int me = 0;
+    MPI_Comm c = comm(group, channel);
+    MPI_Comm_rank(c, &me);
+    check(MPI_Allgatherv(in, counts[static_cast<size_t>(me)], MPI_FLOAT, out, counts.data(), displs.data(), MPI_FLOAT, c),
+          "Allgatherv");
+  }
+
   [[noreturn]] void abort(const std::string& why) override {
     std::fprintf(stderr, "piper-run: error: %s\npiper-run: stopping every rank\n", why.c_str());
     std::fflush(stderr);
