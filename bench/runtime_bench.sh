@@ -3,7 +3,9 @@
 #  1. step time of `piper-run` (one rank, strategies/single.piper) vs the plain LibTorch loop
 #     (piper-train-ref) on the same model, data and batch: the executor's overhead;
 #  2. the idle fraction of 1F1B pp=2 m=8 under mpirun, measured from piper-run's trace (gaps in each
-#     rank's compute stream), against the formula (p-1)/(m+p-1).
+#     rank's compute stream), against the formula (p-1)/(m+p-1);
+#  3. the same in one process (threads as ranks, the in-process communicator: no MPI progress
+#     threads), to separate the executor from the transport.
 # Usage: bench/runtime_bench.sh [BUILD_DIR]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,3 +46,5 @@ meas = statistics.median(fracs)
 print(f"2. 1F1B pp=2 m=8, idle fraction of the compute streams: measured {meas:.3f}, formula (p-1)/(m+p-1) = "
       f"{formula:.3f}: ratio {meas/formula:.2f}")
 PY
+echo -n "3. "
+"$build/bench/piper-bench-pipeline-idle" "$tmp/m.pt" "$root/strategies/1f1b.piper" 2 8 25
