@@ -103,17 +103,27 @@ struct Executor::Impl {
     return out;
   }
 
-  // The other end of a send/recv: its rank (the same position in the peer's class) and the message
-  // tag, which both ends compute from the send node.
-  std::pair<int, int> peer_of(NodeId v) const {
-    const auto& g = plan.dag;
-    for (const auto& e : g.edges) {
-      NodeId other = e.src == v && node(e.dst).op == Op::Recv ? e.dst : e.dst == v && node(e.src).op == Op::Send ? e.src : -1;
-      if (other < 0) continue;
-      const auto& ranks = plan.schedule.classes[static_cast<size_t>(plan.schedule.node_class[static_cast<size_t>(other)])].ranks;
-      return {ranks.at(position), tag_of(node(node(v).op == Op::Send ? v : other))};
+  // The other end of each send/recv: its rank (the same position in the peer's class) and the
+  // message tag, which both ends compute from the send node. Filled once in setup().
+  std::vector<std::pair<int, int>> peers;
+
+  void find_peers() {
+    peers.assign(plan.dag.nodes.size(), {-1, -1});
+    for (const auto& e : plan.dag.edges) {
+      if (node(e.src).op != Op::Send || node(e.dst).op != Op::Recv) continue;
+      const auto& cls_of = plan.schedule.node_class;
+      const auto& send_ranks = plan.schedule.classes[static_cast<size_t>(cls_of[static_cast<size_t>(e.src)])].ranks;
+      const auto& recv_ranks = plan.schedule.classes[static_cast<size_t>(cls_of[static_cast<size_t>(e.dst)])].ranks;
+      int tag = tag_of(node(e.src));
+      if (cls_of[static_cast<size_t>(e.src)] == cls) peers[static_cast<size_t>(e.src)] = {recv_ranks.at(position), tag};
+      if (cls_of[static_cast<size_t>(e.dst)] == cls) peers[static_cast<size_t>(e.dst)] = {send_ranks.at(position), tag};
     }
-    throw std::logic_error("send/recv without a partner: " + ir::token(node(v)));
+  }
+
+  std::pair<int, int> peer_of(NodeId v) const {
+    auto p = peers[static_cast<size_t>(v)];
+    if (p.first < 0) throw std::logic_error("send/recv without a partner: " + ir::token(node(v)));
+    return p;
   }
 
   std::vector<int64_t> per_sample_shape(RegionId region, bool input) const {
@@ -240,6 +250,7 @@ struct Executor::Impl {
     for (int r = 0; r < comm.size(); ++r) everyone[static_cast<size_t>(r)] = r;
     groups.insert({everyone, 2});
     for (const auto& [g, channel] : groups) comm.prepare_group(g, channel);
+    find_peers();
     // Predecessors on this rank (cross-rank edges are send -> recv, which the communicator pairs).
     local_preds.assign(plan.dag.nodes.size(), {});
     for (const auto& e : plan.dag.edges)
