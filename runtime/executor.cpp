@@ -11,6 +11,8 @@
 #include <set>
 #include <thread>
 
+#include <ATen/native/Resize.h>
+
 #include "ir/emit.h"
 #include "runtime/region_model.h"
 #include "runtime/region_model_impl.h"
@@ -66,6 +68,13 @@ struct Executor::Impl {
     std::map<int32_t, torch::Tensor> mb_grads;    // ZeRO-2: microbatch -> its gradients, moved out after its backward
     torch::Tensor flat_params;                    // gathered parameters, copied back after the last bucket
     int gathered = 0;
+    // ZeRO-3: parameters live as shards; their storage is materialised from gathered buckets for
+    // each forward/backward and released after it (the saved autograd graph keeps the tensors, which
+    // are refilled with the same values before the backward, as FSDP does).
+    bool materialized = true;
+    std::vector<int64_t> param_offsets;           // where each parameter starts in the flat order
+    std::map<NodeId, torch::Tensor> gather_buffers;  // per gather node: the bucket's full values
+    std::map<NodeId, int> gather_uses;               // consumers left per gather node
   };
   std::map<int32_t, StageState> stages;
 
@@ -207,6 +216,10 @@ struct Executor::Impl {
       st.dp_group = group_along(n);
       if (n.op == Op::ReduceScatter) st.zero = std::max(st.zero, n.microbatch >= 0 ? 2 : 1);
     }
+    for (size_t v = 0; v < plan.dag.nodes.size(); ++v) {
+      const Node& n = plan.dag.nodes[v];
+      if (plan.schedule.node_class[v] == cls && n.op == Op::AllGather && (n.flags & ir::kMaterialize)) stages.at(n.stage).zero = 3;
+    }
     for (auto& [stage, bs] : bucket_bytes) {
       int64_t offset = 0, total = 0;
       for (const auto& p : stages.at(stage).params) total += p.numel();
@@ -241,6 +254,15 @@ struct Executor::Impl {
         st.optimizer = std::make_unique<torch::optim::AdamW>(mine, torch::optim::AdamWOptions(opt.lr).weight_decay(0.0));
       else
         st.optimizer = std::make_unique<torch::optim::SGD>(mine, torch::optim::SGDOptions(opt.lr));
+      int64_t o = 0;
+      for (auto& p : st.params) {
+        st.param_offsets.push_back(o);
+        o += p.numel();
+      }
+      if (st.zero == 3) {
+        own_storage(st);
+        release_params(st);
+      }
     }
     // Every collective group, declared up front in one sorted order on every member.
     std::set<std::pair<std::vector<int>, int>> groups;
@@ -263,6 +285,57 @@ struct Executor::Impl {
     return x;
   }
 
+  // Parameters loaded from the archive may sit on storage that cannot be resized: give them their own.
+  static void own_storage(StageState& st) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : st.params) p.set_data(p.detach().clone());
+  }
+
+  static void release_params(StageState& st) {
+    for (auto& p : st.params) at::native::resize_bytes_cpu(p.storage().unsafeGetStorageImpl(), 0);
+    st.materialized = false;
+  }
+
+  // ZeRO-3, at the start of a forward or backward: refill the parameters from this op's gathers.
+  void materialize(NodeId v) {
+    const Node& n = node(v);
+    auto it = stages.find(n.stage);
+    if (it == stages.end() || it->second.zero != 3 || !ir::is_chunk(n.op) || n.op == Op::U) return;
+    auto& st = it->second;
+    torch::NoGradGuard no_grad;
+    if (!st.materialized) {
+      for (auto& p : st.params)
+        at::native::resize_bytes_cpu(p.storage().unsafeGetStorageImpl(), static_cast<size_t>(p.numel()) * p.element_size());
+      st.materialized = true;
+    }
+    for (NodeId u : local_preds[static_cast<size_t>(v)]) {
+      const Node& g = node(u);
+      if (g.op != Op::AllGather || !(g.flags & ir::kMaterialize)) continue;
+      torch::Tensor full;
+      {
+        std::lock_guard lk(mu);
+        full = st.gather_buffers.at(u);
+        if (--st.gather_uses.at(u) == 0) st.gather_buffers.erase(u);
+      }
+      auto [lo, hi] = st.buckets.at(g.bucket);
+      for (size_t i = 0; i < st.params.size(); ++i) {
+        int64_t a = std::max(lo, st.param_offsets[i]), b = std::min(hi, st.param_offsets[i] + st.params[i].numel());
+        if (a >= b) continue;
+        // Through variable_data(): same storage, own version counter, so the saved graph stays valid.
+        st.params[i].variable_data().view({-1}).slice(0, a - st.param_offsets[i], b - st.param_offsets[i])
+            .copy_(full.slice(0, a - lo, b - lo));
+      }
+    }
+  }
+
+  // ZeRO-3, after the op: the parameters' storage goes back to nothing.
+  void release_after(NodeId v) {
+    const Node& n = node(v);
+    auto it = stages.find(n.stage);
+    if (it == stages.end() || it->second.zero != 3 || !(n.flags & ir::kFreeParams)) return;
+    release_params(it->second);
+  }
+
   torch::Tensor flat_grads_of(StageState& st) {
     std::vector<torch::Tensor> flat;
     for (auto& p : st.params) flat.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}));
@@ -273,7 +346,7 @@ struct Executor::Impl {
   // parameters (to be reduce-scattered by the comm stream) and the parameters' gradients restart.
   void move_out_gradients(const Node& n) {
     auto it = stages.find(n.stage);
-    if (it == stages.end() || it->second.zero != 2 || n.op == Op::BI) return;
+    if (it == stages.end() || it->second.zero < 2 || n.op == Op::BI) return;
     if (n.segment > 0) return;  // the stage's last backward piece (pieces run in reverse)
     auto& st = it->second;
     torch::Tensor g = flat_grads_of(st);
@@ -299,6 +372,12 @@ struct Executor::Impl {
   }
 
   void run(NodeId v) {
+    materialize(v);
+    run_op(v);
+    release_after(v);
+  }
+
+  void run_op(NodeId v) {
     const Node& n = node(v);
     auto key = std::make_pair(n.stage, n.microbatch);
     switch (n.op) {
@@ -432,6 +511,10 @@ struct Executor::Impl {
         torch::Tensor full = torch::empty({hi - lo});
         comm.all_gather(shard.data_ptr<float>(), full.data_ptr<float>(), st.shard_offsets.at(n.bucket), st.dp_group, 1);
         std::lock_guard lk(mu);
+        if (n.flags & ir::kMaterialize) {  // ZeRO-3: kept for the forward or backward that uses it
+          st.gather_buffers[v] = full;
+          break;
+        }
         st.flat_params.slice(0, lo, hi).copy_(full);
         if (++st.gathered == static_cast<int>(st.buckets.size())) {
           // The last bucket is in: the updated parameters go back into the modules.
@@ -463,7 +546,12 @@ struct Executor::Impl {
       st.shard_grads.clear();
       st.mb_grads.clear();
       st.flat_grads = torch::Tensor();
+      st.gather_buffers.clear();
+      st.gather_uses.clear();
     }
+    for (size_t v = 0; v < plan.dag.nodes.size(); ++v)
+      for (NodeId u : local_preds[v])
+        if (node(u).op == Op::AllGather && (node(u).flags & ir::kMaterialize)) stages.at(node(u).stage).gather_uses[u]++;
     acts.clear();
     for (size_t v = 0; v < plan.dag.nodes.size(); ++v)
       if (plan.schedule.node_class[v] == cls) acts[{node(static_cast<NodeId>(v)).stage, node(static_cast<NodeId>(v)).microbatch}];
@@ -535,7 +623,6 @@ std::vector<std::string> Executor::unsupported(const Plan& plan) {
   std::set<std::string> out;
   for (const Node& n : plan.dag.nodes) {
     if (n.segment >= 0 || n.op == Op::AllToAll) out.insert("expert parallelism (shard)");
-    if (n.op == Op::AllGather && (n.flags & ir::kMaterialize)) out.insert("ZeRO-3 (replicate ... zero 3)");
     if (n.op == Op::Broadcast) out.insert("broadcast");
   }
   return {out.begin(), out.end()};
@@ -557,13 +644,18 @@ StepResult Executor::step(int64_t step) { return impl_->step(step); }
 
 std::pair<double, double> Executor::param_checksum() {
   double sums[2] = {0, 0};
-  if (impl_->replica == 0)
-    for (auto& [stage, st] : impl_->stages)
-      for (auto& p : st.params) {
-        auto d = p.detach().to(torch::kDouble);
-        sums[0] += d.sum().item<double>();
-        sums[1] += (d * d).sum().item<double>();
-      }
+  auto add = [&](const torch::Tensor& t) {
+    auto d = t.detach().to(torch::kDouble);
+    sums[0] += d.sum().item<double>();
+    sums[1] += (d * d).sum().item<double>();
+  };
+  for (auto& [stage, st] : impl_->stages) {
+    if (st.zero > 0) {
+      for (auto& [k, shard] : st.shards) add(shard);  // every member holds a distinct shard
+    } else if (impl_->replica == 0) {
+      for (auto& p : st.params) add(p);
+    }
+  }
   std::vector<int> everyone(static_cast<size_t>(impl_->comm.size()));
   for (int r = 0; r < impl_->comm.size(); ++r) everyone[static_cast<size_t>(r)] = r;
   impl_->comm.all_reduce_sum(sums, 2, everyone, 2);

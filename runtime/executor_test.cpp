@@ -117,6 +117,10 @@ TEST_CASE("in-process ranks train to the single-device losses: pipelines, data p
   SUBCASE("1f1b pp=2 x zero2 dp=2") {
     same_losses(distributed("1f1b_zero2.piper", {"pp=2", "dp=2", "mb=2"}, 4, steps, batch), want);
   }
+  SUBCASE("zero3 dp=2") { same_losses(distributed("zero3.piper", {"dp=2"}, 2, steps, batch), want); }
+  SUBCASE("1f1b pp=2 x zero3 dp=2, 2 microbatches") {
+    same_losses(distributed("1f1b_zero3.piper", {"pp=2", "dp=2", "mb=2"}, 4, steps, batch), want);
+  }
   SUBCASE("1f1b pp=2 m=4 with recompute") {
     same_losses(distributed("../tests/strategies/1f1b_recompute.piper", {"pp=2", "mb=4"}, 2, steps, batch), want);
   }
