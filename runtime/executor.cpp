@@ -135,12 +135,16 @@ struct Executor::Impl {
     return p;
   }
 
+  int64_t model_seq() const { return const_cast<RegionModel&>(model).impl().seq_len; }
+
   std::vector<int64_t> per_sample_shape(RegionId region, bool input) const {
     const auto& spec = input ? plan.manifest.regions[static_cast<size_t>(region)].input
                              : plan.manifest.regions[static_cast<size_t>(region)].output;
     if (!spec) throw std::runtime_error("the manifest has no activation shape for " + plan.manifest.regions[static_cast<size_t>(region)].name);
+    // Per-sample shapes lead with the sequence when they have one: a shorter --seq-len shortens it.
     std::vector<int64_t> s{samples_per_mb};
-    for (int64_t d : spec->shape) s.push_back(d);
+    for (size_t i = 0; i < spec->shape.size(); ++i)
+      s.push_back(i == 0 && spec->shape[0] == model_seq() ? seq : spec->shape[i]);
     return s;
   }
 
@@ -169,6 +173,11 @@ struct Executor::Impl {
                                            opt.global_batch, replicas, s.microbatches));
     samples_per_mb = opt.global_batch / replicas / s.microbatches;
     seq = model.impl().seq_len;
+    if (opt.seq_len > 0) {
+      if (opt.seq_len > seq)
+        throw std::runtime_error(fmt::format("--seq-len {} is longer than the model's sequence length {}", opt.seq_len, seq));
+      seq = opt.seq_len;
+    }
     last_stage = static_cast<int32_t>(s.stages.size()) - 1;
 
     // The stages this rank holds, their modules and parameters.

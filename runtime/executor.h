@@ -17,6 +17,7 @@ struct ExecutorOptions {
   double lr = 1e-3;
   std::string optimizer = "adamw";  // adamw | sgd
   uint64_t seed = 0;                // data order
+  int64_t seq_len = 0;              // tokens per sample; 0: the model's (at most the model's)
 };
 
 struct OpSpan {  // what ran, for the trace

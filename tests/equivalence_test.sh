@@ -12,7 +12,12 @@ trap 'rm -rf "$tmp"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 "$model_bin" gpt --layers 4 --d-model 32 --ffn 64 --seq 16 -o "$tmp/m.pt"
 common=(--data "$root/data/corpus.txt" --steps 20 --batch-size 8 --lr 1e-3 --seed 0)
-"$ref_bin" "$tmp/m.pt" "${common[@]}" --threads 1 --metrics "$tmp/ref.jsonl" >/dev/null
+# A --seq-len among piper-run's extra arguments applies to the reference trainer too.
+ref_extra=()
+for ((i = 1; i <= $#; i++)); do
+  if [ "${!i}" = --seq-len ]; then j=$((i + 1)); ref_extra+=(--seq-len "${!j}"); fi
+done
+"$ref_bin" "$tmp/m.pt" "${common[@]}" "${ref_extra[@]}" --threads 1 --metrics "$tmp/ref.jsonl" >/dev/null
 timeout 300 mpirun -np "$np" --oversubscribe --bind-to none "$run_bin" "$tmp/m.pt" "$root/strategies/$strategy" \
   "${common[@]}" --threads 1 --metrics "$tmp/run.jsonl" "$@" >"$tmp/run.log" 2>&1 || { cat "$tmp/run.log"; exit 1; }
 /usr/bin/python3 - "$tmp/ref.jsonl" "$tmp/run.jsonl" "$strategy $*" <<'PY'

@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   app.add_option("STRATEGY", strategy, "strategy file (.piper)")->required();
   app.add_option("--steps", steps)->capture_default_str();
   app.add_option("--batch-size", batch, "global batch (samples per step, all replicas)")->capture_default_str();
-  app.add_option("--seq-len", seq_len, "tokens per sample (must be the model's, the default)");
+  app.add_option("--seq-len", seq_len, "tokens per sample (default and maximum: the model's)");
   app.add_option("--lr", lr)->capture_default_str();
   app.add_option("--optimizer", optimizer, "adamw | sgd")->check(CLI::IsMember({"adamw", "sgd"}))->capture_default_str();
   app.add_option("--seed", seed, "data order seed")->capture_default_str();
@@ -132,10 +132,8 @@ int main(int argc, char** argv) {
     int64_t local_ranks = local ? std::max(1, std::atoi(local)) : 1;
     int64_t t = threads > 0 ? threads : std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) / local_ranks);
     set_intra_op_threads(static_cast<int>(t));
-    Executor ex(*plan, model, data, *comm, ExecutorOptions{batch, lr, optimizer, seed});
-    if (seq_len > 0 && seq_len != plan->manifest.regions[static_cast<size_t>(plan->manifest.sequence.front())].input->shape[0])
-      return fail("piper-run: error: --seq-len must be the model's sequence length for now");
-    int64_t seq = plan->manifest.regions[static_cast<size_t>(plan->manifest.sequence.front())].input->shape[0];
+    Executor ex(*plan, model, data, *comm, ExecutorOptions{batch, lr, optimizer, seed, seq_len});
+    int64_t seq = seq_len > 0 ? seq_len : plan->manifest.regions[static_cast<size_t>(plan->manifest.sequence.front())].input->shape[0];
     if (lead)
       fmt::print("piper-run: {} ranks, {} stages, {} microbatches of {} samples, {} threads per rank\n", comm->size(),
                  plan->strategy.stages.size(), plan->strategy.microbatches, plan->samples_per_microbatch, t);
