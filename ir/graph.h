@@ -74,6 +74,10 @@ class Graph {
   std::vector<std::string> streams{"compute", "comm", "p2p_send", "p2p_recv"};
   std::vector<std::string> tensor_names;
   std::vector<std::string> mesh_axes;  // axis index -> name, for collectives
+  // Per stage, its pieces (segments) when cut at sharded regions: the pipeline regions of a dense
+  // piece, or the sharded list of an expert piece (-1 in `piece_sharded` for dense pieces).
+  std::vector<std::vector<std::vector<int32_t>>> piece_regions;
+  std::vector<std::vector<int32_t>> piece_sharded;
 
   NodeId add(const Node& n) {
     nodes.push_back(n);

@@ -44,6 +44,14 @@ std::optional<Graph> lower(const CheckedStrategy& s, const Manifest& m, Diagnost
   // ranks; replicate and shard rewire edges that p2p may already have split; order needs the final
   // pieces of every task (and must see all communication to find cycles through it).
   build_pass(c);
+  for (const auto& segs : c.segments) {  // the runtime runs pieces; it needs to know what is in them
+    c.graph.piece_regions.emplace_back();
+    c.graph.piece_sharded.emplace_back();
+    for (const auto& seg : segs) {
+      c.graph.piece_regions.back().push_back(seg.regions);
+      c.graph.piece_sharded.back().push_back(seg.sharded);
+    }
+  }
   after("build");
   split_pass(c);
   after("split");

@@ -51,9 +51,23 @@ struct Executor::Impl {
   int32_t last_stage = 0;
 
   // Per stage this rank holds: its region modules, parameters and optimizer.
+  // A piece of a stage cut at sharded regions (expert parallelism): a dense run of regions, which
+  // may end with a block whose experts are sharded (then it stops after the block's attention and
+  // router: the zoo's contract, docs/models.md), or this rank's experts of one sharded list.
+  struct Piece {
+    std::vector<torch::jit::Module> plain;
+    bool moe_end = false;
+    torch::jit::Module attn, router;
+    std::vector<std::pair<int64_t, torch::jit::Module>> experts;  // (expert index, module), local ones
+    std::vector<int> ep_group;
+    bool expert = false;
+  };
+
   struct StageState {
     std::vector<torch::jit::Module> modules;
-    std::vector<torch::Tensor> params;
+    std::vector<Piece> pieces;           // empty when the stage is not cut
+    std::vector<torch::Tensor> params;   // everything this rank updates for the stage
+    std::vector<torch::Tensor> reduced;  // what data parallelism reduces (all but sharded experts)
     std::unique_ptr<torch::optim::Optimizer> optimizer;
     torch::Tensor flat_grads;  // while its gradients are being reduced
     std::map<int32_t, std::pair<int64_t, int64_t>> buckets;  // bucket -> [first, last) float offsets
@@ -81,9 +95,12 @@ struct Executor::Impl {
   // Per (stage, microbatch): the tensors that flow between ops of one step.
   struct Act {
     torch::Tensor input, output, loss, recv, grad_in, input_grad;
+    // Expert parallelism: a dense piece's attention output and router results, the gathered tokens
+    // and gates of an expert piece, its partial outputs, and the gradients that flow between them.
+    torch::Tensor a, h, g, h_all, g_all, partial, grad_a, grad_h, grad_g, grad_partial;
     bool recompute = false;  // the forward ran without a graph; the backward reruns it
   };
-  std::map<std::pair<int32_t, int32_t>, Act> acts;
+  std::map<std::tuple<int32_t, int32_t, int16_t>, Act> acts;  // (stage, microbatch, piece)
   torch::Tensor tokens;  // this replica's samples of the step: [replica batch, seq + 1]
 
   // Completion of this rank's ops within a step.
@@ -188,14 +205,18 @@ struct Executor::Impl {
       const Node& n = plan.dag.nodes[v];
       if (plan.schedule.node_class[v] != cls || !ir::is_chunk(n.op) || stages.count(n.stage)) continue;
       StageState st;
-      for (RegionId r : s.stages[static_cast<size_t>(n.stage)].regions) {
-        auto m = impl.modules.at(index.at(plan.manifest.regions[static_cast<size_t>(r)].name));
-        st.modules.push_back(m);
-        for (auto p : m.parameters()) {
-          p.set_requires_grad(true);
-          st.params.push_back(p);
+      const auto& piece_regions = plan.dag.piece_regions[static_cast<size_t>(n.stage)];
+      if (piece_regions.size() <= 1) {
+        for (RegionId r : s.stages[static_cast<size_t>(n.stage)].regions) {
+          auto m = impl.modules.at(index.at(plan.manifest.regions[static_cast<size_t>(r)].name));
+          st.modules.push_back(m);
+          for (auto p : m.parameters()) st.params.push_back(p);
         }
+        st.reduced = st.params;
+      } else {
+        build_pieces(n.stage, st);
       }
+      for (auto& p : st.params) p.set_requires_grad(true);
       if (opt.optimizer == "adamw")
         st.optimizer = std::make_unique<torch::optim::AdamW>(st.params, torch::optim::AdamWOptions(opt.lr).weight_decay(0.0));
       else
@@ -231,7 +252,7 @@ struct Executor::Impl {
     }
     for (auto& [stage, bs] : bucket_bytes) {
       int64_t offset = 0, total = 0;
-      for (const auto& p : stages.at(stage).params) total += p.numel();
+      for (const auto& p : stages.at(stage).reduced) total += p.numel();
       for (auto [k, bytes] : bs) {
         stages.at(stage).buckets[k] = {offset, offset + bytes / 4};
         offset += bytes / 4;
@@ -275,8 +296,11 @@ struct Executor::Impl {
     }
     // Every collective group, declared up front in one sorted order on every member.
     std::set<std::pair<std::vector<int>, int>> groups;
-    for (auto& [stage, st] : stages)
+    for (auto& [stage, st] : stages) {
       if (!st.dp_group.empty()) groups.insert({st.dp_group, 1});
+      for (auto& piece : st.pieces)
+        if (piece.expert) groups.insert({piece.ep_group, 4});
+    }
     std::vector<int> everyone(static_cast<size_t>(comm.size()));
     for (int r = 0; r < comm.size(); ++r) everyone[static_cast<size_t>(r)] = r;
     groups.insert({everyone, 2});
@@ -287,6 +311,84 @@ struct Executor::Impl {
     for (const auto& e : plan.dag.edges)
       if (plan.schedule.node_class[static_cast<size_t>(e.src)] == cls && plan.schedule.node_class[static_cast<size_t>(e.dst)] == cls)
         local_preds[static_cast<size_t>(e.dst)].push_back(e.src);
+  }
+
+  // The child region of `under` with this kind (attention, router), as a module.
+  torch::jit::Module child_of_kind(RegionId under, const std::string& kind) {
+    const auto& m = plan.manifest;
+    for (size_t r = 0; r < m.regions.size(); ++r)
+      if (m.regions[r].kind == kind && m.is_ancestor(under, static_cast<RegionId>(r)))
+        return model.impl().region(m.regions[r].name);
+    throw std::runtime_error(fmt::format("expert parallelism: '{}' has no {} region (the runtime runs the zoo's "
+                                         "MoE contract, docs/models.md)",
+                                         m.regions[static_cast<size_t>(under)].name, kind));
+  }
+
+  void build_pieces(int32_t stage, StageState& st) {
+    const auto& m = plan.manifest;
+    const auto& regions = plan.dag.piece_regions[static_cast<size_t>(stage)];
+    const auto& sharded = plan.dag.piece_sharded[static_cast<size_t>(stage)];
+    auto& impl = model.impl();
+    std::map<std::string, size_t> index;
+    for (size_t i = 0; i < impl.sequence.size(); ++i) index[impl.sequence[i]] = i;
+    auto add_params = [&](torch::jit::Module& mod, bool reduce) {
+      for (auto p : mod.parameters()) {
+        st.params.push_back(p);
+        if (reduce) st.reduced.push_back(p);
+      }
+    };
+    for (size_t j = 0; j < regions.size(); ++j) {
+      Piece piece;
+      if (sharded[j] >= 0) {
+        piece.expert = true;
+        // Which experts are this rank's: its coordinate on the shard axis picks a contiguous block.
+        const ShardDirective* dir = nullptr;
+        for (const auto& d : plan.strategy.directives)
+          if (const auto* sh = std::get_if<ShardDirective>(&d.body))
+            if (std::find(sh->regions.begin(), sh->regions.end(), sharded[j]) != sh->regions.end()) dir = sh;
+        int32_t axis = -1;
+        for (size_t i = 0; i < plan.strategy.mesh.size(); ++i)
+          if (plan.strategy.mesh[i].name == dir->axis) axis = static_cast<int32_t>(i);
+        const auto& members = m.regions[static_cast<size_t>(sharded[j])].children;
+        int64_t ways = axis_sizes[static_cast<size_t>(axis)], per = static_cast<int64_t>(members.size()) / ways;
+        int64_t mine = coords(rank, axis_sizes)[static_cast<size_t>(axis)];
+        for (int64_t e = 0; e < static_cast<int64_t>(members.size()); ++e) {
+          auto mod = impl.region(m.regions[static_cast<size_t>(members[static_cast<size_t>(e)])].name);
+          if (e / per == mine) {
+            piece.experts.emplace_back(e, mod);
+            add_params(mod, false);
+          } else {
+            for (auto sub : mod.modules())  // another rank's expert: its weights are released
+              for (const auto& np : sub.named_parameters(false)) sub.register_parameter(np.name, torch::empty({0}), false);
+          }
+        }
+        // The expert-parallel group: ranks that differ from this one only on the shard axis.
+        auto mc = coords(rank, axis_sizes);
+        for (int64_t r = 0; r < comm.size(); ++r) {
+          auto c = coords(r, axis_sizes);
+          bool same = true;
+          for (size_t i = 0; i < c.size(); ++i)
+            if (static_cast<int32_t>(i) != axis && c[i] != mc[i]) same = false;
+          if (same) piece.ep_group.push_back(static_cast<int>(r));
+        }
+      } else {
+        for (RegionId r : regions[j]) {
+          bool moe = j + 1 < regions.size() && sharded[j + 1] >= 0 && m.is_ancestor(r, sharded[j + 1]);
+          if (moe) {
+            piece.moe_end = true;
+            piece.attn = child_of_kind(r, "attention");
+            piece.router = child_of_kind(r, "router");
+            add_params(piece.attn, true);
+            add_params(piece.router, true);
+          } else {
+            auto mod = impl.modules.at(index.at(m.regions[static_cast<size_t>(r)].name));
+            piece.plain.push_back(mod);
+            add_params(mod, true);
+          }
+        }
+      }
+      st.pieces.push_back(std::move(piece));
+    }
   }
 
   torch::Tensor run_stage(int32_t stage, torch::Tensor x) {
@@ -347,7 +449,7 @@ struct Executor::Impl {
 
   torch::Tensor flat_grads_of(StageState& st) {
     std::vector<torch::Tensor> flat;
-    for (auto& p : st.params) flat.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}));
+    for (auto& p : st.reduced) flat.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}));
     return torch::cat(flat);
   }
 
@@ -386,16 +488,163 @@ struct Executor::Impl {
     release_after(v);
   }
 
+  // Where a chunk's input comes from: a receive, or (stages on one rank, as at the bottom of a V)
+  // the previous stage's output here — possibly through that stage's last combine.
+  torch::Tensor forward_source(NodeId v) {
+    for (NodeId u : local_preds[static_cast<size_t>(v)]) {
+      const Node& x = node(u);
+      auto key = std::make_tuple(x.stage, x.microbatch, x.segment);
+      if (x.op == Op::Recv && x.payload == ir::Payload::Act) return acts.at(key).recv;
+      if ((x.op == Op::F || (x.op == Op::AllToAll && x.payload == ir::Payload::Combine)) && x.stage != node(v).stage)
+        return acts.at(key).output;
+    }
+    throw std::logic_error("no input for " + ir::token(node(v)));
+  }
+
+  // Where a backward's output gradient comes from: a receive, or the next stage's input gradient here.
+  torch::Tensor grad_source(NodeId v) {
+    for (NodeId u : local_preds[static_cast<size_t>(v)]) {
+      const Node& x = node(u);
+      // A weight gradient uses the output gradient its input-gradient half received.
+      if (node(v).op == Op::BW && x.op == Op::BI && x.stage == node(v).stage && x.segment == node(v).segment)
+        return grad_source(u);
+      auto key = std::make_tuple(x.stage, x.microbatch, x.segment);
+      if (x.op == Op::Recv && x.payload == ir::Payload::ActGrad) return acts.at(key).grad_in;
+      if ((x.op == Op::B || x.op == Op::BI) && x.stage != node(v).stage) return acts.at(key).input_grad;
+      if (x.op == Op::AllToAll && x.payload == ir::Payload::Dispatch && x.stage != node(v).stage)
+        return acts.at(key).input_grad;
+    }
+    throw std::logic_error("no output gradient for " + ir::token(node(v)));
+  }
+
+  // Expert parallelism: one piece of a cut stage, or an all-to-all between pieces, implemented as a
+  // dense dispatch: dispatch gathers every token's normalised hidden state and gates over the group
+  // (each rank then runs its experts on all of them); combine sums the experts' weighted outputs over
+  // the group and returns each rank its own tokens, plus the block's residual. Exact; more traffic
+  // than a sparse top-k all-to-all. Backward: the transposes (all-gather <-> reduce-scatter).
+  void run_piece(NodeId v) {
+    const Node& n = node(v);
+    auto& st = stages.at(n.stage);
+    const int16_t j = n.segment, last = static_cast<int16_t>(st.pieces.size() - 1);
+    auto act = [&](int16_t seg) -> Act& { return acts.at({n.stage, n.microbatch, seg}); };
+    Piece& piece = st.pieces[static_cast<size_t>(j)];
+    Act& a = act(j);
+    if (n.op == Op::F) {
+      if (piece.expert) {
+        torch::Tensor y = torch::zeros_like(a.h_all);
+        for (auto& [e, mod] : piece.experts) y = y + a.g_all.slice(-1, e, e + 1) * mod.forward({a.h_all}).toTensor();
+        a.partial = y;
+        return;
+      }
+      torch::Tensor x;
+      if (j == 0)
+        x = n.stage == 0 ? tokens.slice(0, n.microbatch * samples_per_mb, (n.microbatch + 1) * samples_per_mb).slice(1, 0, seq)
+                         : forward_source(v).detach().requires_grad_(true);
+      else
+        x = act(static_cast<int16_t>(j - 1)).output.detach().requires_grad_(true);
+      a.input = x;
+      for (auto& mod : piece.plain) x = mod.forward({x}).toTensor();
+      if (piece.moe_end) {
+        a.a = piece.attn.forward({x}).toTensor();
+        auto out = piece.router.forward({a.a}).toTuple();
+        a.h = out->elements()[0].toTensor();
+        a.g = out->elements()[1].toTensor();
+      } else {
+        a.output = x;
+        if (n.stage == last_stage && j == last) a.loss = loss_of(n, x);
+      }
+      return;
+    }
+    if (n.op == Op::B) {
+      if (piece.expert) {
+        a.partial.backward(a.grad_partial);
+        a.partial = torch::Tensor();
+        return;
+      }
+      if (piece.moe_end) torch::autograd::backward({a.h, a.g, a.a}, {a.grad_h, a.grad_g, a.grad_a});
+      else if (a.loss.defined()) a.loss.backward();
+      else a.output.backward(grad_source(v));
+      if (a.input.defined() && a.input.requires_grad()) a.input_grad = a.input.grad();
+      a.h = a.g = a.a = torch::Tensor();
+      return;
+    }
+    if (n.op == Op::BI || n.op == Op::BW) {
+      // Zero-bubble halves: BI computes only what the previous piece waits for (graph retained),
+      // BW the weight gradients.
+      std::vector<torch::Tensor> outs, grads;
+      if (piece.expert) outs = {a.partial}, grads = {a.grad_partial};
+      else if (piece.moe_end) outs = {a.h, a.g, a.a}, grads = {a.grad_h, a.grad_g, a.grad_a};
+      else if (a.loss.defined()) outs = {a.loss};
+      else outs = {a.output}, grads = {grad_source(v)};
+      if (n.op == Op::BI) {
+        if (piece.expert) {
+          auto gi = torch::autograd::grad(outs, {a.h_all, a.g_all}, grads, /*retain_graph=*/true);
+          a.grad_h = gi[0], a.grad_g = gi[1];  // the gathered tokens' gradients, for the dispatch's transpose
+        } else if (a.input.defined() && a.input.requires_grad()) {
+          a.input_grad = torch::autograd::grad(outs, {a.input}, grads, /*retain_graph=*/true)[0];
+        }
+      } else {
+        torch::autograd::backward(outs, grads);
+        a.partial = a.h = a.g = a.a = torch::Tensor();
+      }
+      return;
+    }
+    if (n.op != Op::AllToAll) throw std::runtime_error(fmt::format("{} in a cut stage is not supported", ir::op_name(n.op)));
+    // All-to-alls sit on an expert piece: `d` is the dense piece before it.
+    Act& d = act(static_cast<int16_t>(j - 1));
+    const auto& group = piece.ep_group;
+    const size_t ways = group.size();
+    auto equal = [&](int64_t per) {
+      std::vector<size_t> off;
+      for (size_t k = 0; k <= ways; ++k) off.push_back(k * static_cast<size_t>(per));
+      return off;
+    };
+    const bool back = n.flags & ir::kBackward;
+    if (!back && n.payload == ir::Payload::Dispatch) {
+      auto hg = torch::cat({d.h, d.g}, -1).detach().contiguous();
+      torch::Tensor all = torch::empty({static_cast<int64_t>(ways) * hg.size(0), hg.size(1), hg.size(2)});
+      comm.all_gather(hg.data_ptr<float>(), all.data_ptr<float>(), equal(hg.numel()), group, 4);
+      const int64_t dm = d.h.size(-1);
+      a.h_all = all.slice(-1, 0, dm).contiguous().requires_grad_(true);
+      a.g_all = all.slice(-1, dm, all.size(-1)).contiguous().requires_grad_(true);
+    } else if (!back) {  // combine
+      auto part = a.partial.detach().contiguous();
+      torch::Tensor y = torch::empty({part.size(0) / static_cast<int64_t>(ways), part.size(1), part.size(2)});
+      comm.reduce_scatter_sum(part.data_ptr<float>(), y.data_ptr<float>(), equal(y.numel()), group, 4);
+      a.output = d.a.detach() + y;
+    } else if (n.payload == ir::Payload::Combine) {  // the combine's transpose: gather the output gradient
+      torch::Tensor gx = (j < last ? act(static_cast<int16_t>(j + 1)).input_grad : grad_source(v)).contiguous();
+      d.grad_a = gx;
+      torch::Tensor all = torch::empty({static_cast<int64_t>(ways) * gx.size(0), gx.size(1), gx.size(2)});
+      comm.all_gather(gx.data_ptr<float>(), all.data_ptr<float>(), equal(gx.numel()), group, 4);
+      a.grad_partial = all;
+    } else {  // the dispatch's transpose: sum the token gradients back to their ranks
+      // From a split backward's BI, or from the whole backward's accumulation.
+      auto gh = a.grad_h.defined() ? a.grad_h : a.h_all.grad(), gg = a.grad_g.defined() ? a.grad_g : a.g_all.grad();
+      auto ghg = torch::cat({gh, gg}, -1).contiguous();
+      torch::Tensor out = torch::empty({ghg.size(0) / static_cast<int64_t>(ways), ghg.size(1), ghg.size(2)});
+      comm.reduce_scatter_sum(ghg.data_ptr<float>(), out.data_ptr<float>(), equal(out.numel()), group, 4);
+      const int64_t dm = a.h_all.size(-1);
+      d.grad_h = out.slice(-1, 0, dm);
+      d.grad_g = out.slice(-1, dm, out.size(-1));
+      a.grad_h = a.grad_g = torch::Tensor();
+    }
+  }
+
   void run_op(NodeId v) {
     const Node& n = node(v);
-    auto key = std::make_pair(n.stage, n.microbatch);
+    auto key = std::make_tuple(n.stage, n.microbatch, n.segment);
+    if (n.segment >= 0 && (ir::is_chunk(n.op) || n.op == Op::AllToAll)) {
+      run_piece(v);
+      return;
+    }
     switch (n.op) {
       case Op::F: {
         Act& a = acts[key];
         if (n.stage == 0) {
           a.input = tokens.slice(0, n.microbatch * samples_per_mb, (n.microbatch + 1) * samples_per_mb).slice(1, 0, seq);
         } else {
-          a.input = a.recv.detach().requires_grad_(true);
+          a.input = forward_source(v).detach().requires_grad_(true);
         }
         if (n.flags & ir::kRecompute) {
           // Activation checkpointing: keep only the input now, recompute before the backward.
@@ -412,7 +661,7 @@ struct Executor::Impl {
         Act& a = acts[key];
         rematerialize(n, a);
         if (n.stage == last_stage) a.loss.backward();
-        else a.output.backward(a.grad_in);
+        else a.output.backward(grad_source(v));
         if (n.stage > 0) a.input_grad = a.input.grad();
         a.output = torch::Tensor();  // activations are freed as soon as their backward ran
         move_out_gradients(n);
@@ -424,7 +673,7 @@ struct Executor::Impl {
         if (n.stage > 0) {
           auto out = n.stage == last_stage ? a.loss : a.output;
           std::vector<torch::Tensor> grad_out;
-          if (n.stage != last_stage) grad_out.push_back(a.grad_in);
+          if (n.stage != last_stage) grad_out.push_back(grad_source(v));
           a.input_grad = torch::autograd::grad({out}, {a.input}, grad_out, /*retain_graph=*/true)[0];
         }
         break;
@@ -432,7 +681,7 @@ struct Executor::Impl {
       case Op::BW: {
         Act& a = acts[key];
         if (n.stage == last_stage) torch::autograd::backward({a.loss});
-        else torch::autograd::backward({a.output}, {a.grad_in});
+        else torch::autograd::backward({a.output}, {grad_source(v)});
         a.output = torch::Tensor();
         move_out_gradients(n);
         break;
@@ -448,7 +697,7 @@ struct Executor::Impl {
           // Averaged gradients back into place.
           st.flat_grads.div_(static_cast<double>(st.dp_group.size()));
           int64_t off = 0;
-          for (auto& p : st.params) {
+          for (auto& p : st.reduced) {
             p.mutable_grad().copy_(st.flat_grads.slice(0, off, off + p.numel()).view_as(p));
             off += p.numel();
           }
@@ -481,9 +730,7 @@ struct Executor::Impl {
         {
           std::lock_guard lk(mu);  // the first bucket of a stage flattens its gradients
           if (!st.flat_grads.defined()) {
-            std::vector<torch::Tensor> flat;
-            for (auto& p : st.params) flat.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}));
-            st.flat_grads = torch::cat(flat);
+            st.flat_grads = flat_grads_of(st);
           }
         }
         auto [lo, hi] = st.buckets.at(n.bucket);
@@ -563,7 +810,10 @@ struct Executor::Impl {
         if (node(u).op == Op::AllGather && (node(u).flags & ir::kMaterialize)) stages.at(node(u).stage).gather_uses[u]++;
     acts.clear();
     for (size_t v = 0; v < plan.dag.nodes.size(); ++v)
-      if (plan.schedule.node_class[v] == cls) acts[{node(static_cast<NodeId>(v)).stage, node(static_cast<NodeId>(v)).microbatch}];
+      if (plan.schedule.node_class[v] == cls) {
+        const Node& x = node(static_cast<NodeId>(v));
+        acts[{x.stage, x.microbatch, x.segment}];
+      }
     done.assign(plan.dag.nodes.size(), 0);
     failure.clear();
 
@@ -616,7 +866,7 @@ struct Executor::Impl {
     // The loss lives on the last stage's ranks: sum it over everyone, average over replicas.
     double loss = 0;
     for (auto& [key, a] : acts)
-      if (key.first == last_stage && a.loss.defined()) loss += a.loss.item<double>();
+      if (std::get<0>(key) == last_stage && a.loss.defined()) loss += a.loss.item<double>();
     std::vector<int> everyone(static_cast<size_t>(comm.size()));
     for (int r = 0; r < comm.size(); ++r) everyone[static_cast<size_t>(r)] = r;
     comm.all_reduce_sum(&loss, 1, everyone, 2);
@@ -630,10 +880,13 @@ void set_intra_op_threads(int n) { torch::set_num_threads(n); }
 
 std::vector<std::string> Executor::unsupported(const Plan& plan) {
   std::set<std::string> out;
+  bool a2a = false, zero = false;
   for (const Node& n : plan.dag.nodes) {
-    if (n.segment >= 0 || n.op == Op::AllToAll) out.insert("expert parallelism (shard)");
+    if (n.op == Op::AllToAll) a2a = true;
+    if (n.op == Op::ReduceScatter || n.op == Op::AllGather) zero = true;
     if (n.op == Op::Broadcast) out.insert("broadcast");
   }
+  if (a2a && zero) out.insert("ZeRO together with expert parallelism");
   return {out.begin(), out.end()};
 }
 
@@ -662,8 +915,11 @@ std::pair<double, double> Executor::param_checksum() {
     if (st.zero > 0) {
       for (auto& [k, shard] : st.shards) add(shard);  // every member holds a distinct shard
     } else if (impl_->replica == 0) {
-      for (auto& p : st.params) add(p);
+      for (auto& p : st.reduced) add(p);
     }
+    // Sharded experts: every rank of the expert-parallel group holds distinct ones.
+    for (auto& p : st.params)
+      if (std::none_of(st.reduced.begin(), st.reduced.end(), [&](const torch::Tensor& r) { return r.is_same(p); })) add(p);
   }
   std::vector<int> everyone(static_cast<size_t>(impl_->comm.size()));
   for (int r = 0; r < impl_->comm.size(); ++r) everyone[static_cast<size_t>(r)] = r;

@@ -18,23 +18,30 @@ namespace fs = std::filesystem;
 namespace {
 const std::string kData = std::string(PIPER_SOURCE_DIR) + "/data/corpus.txt";
 
+std::string make_model(const std::string& arch) {
+  ModelConfig c;
+  c.arch = arch;
+  c.layers = 4;
+  c.d_model = 32;
+  c.ffn = 64;
+  c.seq = 16;
+  c.experts = 4;
+  auto p = (fs::temp_directory_path() / ("piper-exec-" + arch + "-" + std::to_string(::getpid()) + ".pt")).string();
+  save_model(c, p);
+  return p;
+}
 std::string tiny_model() {
-  static std::string path = [] {
-    ModelConfig c;
-    c.layers = 4;
-    c.d_model = 32;
-    c.ffn = 64;
-    c.seq = 16;
-    auto p = (fs::temp_directory_path() / ("piper-exec-" + std::to_string(::getpid()) + ".pt")).string();
-    save_model(c, p);
-    return p;
-  }();
+  static std::string path = make_model("gpt");
+  return path;
+}
+std::string tiny_moe() {
+  static std::string path = make_model("moe");
   return path;
 }
 
 // The single-device oracle: whole-model forward, cross-entropy, AdamW — as piper-train-ref does.
-std::vector<double> reference(int steps, int64_t batch) {
-  auto model = torch::jit::load(tiny_model());
+std::vector<double> reference(int steps, int64_t batch, const std::string& path = tiny_model()) {
+  auto model = torch::jit::load(path);
   std::vector<torch::Tensor> params;
   for (auto p : model.parameters()) {
     p.set_requires_grad(true);
@@ -58,13 +65,13 @@ std::vector<double> reference(int steps, int64_t batch) {
 
 // Every rank of the plan as a thread with its own executor and an in-process communicator.
 std::vector<double> distributed(const std::string& strategy, std::vector<std::string> sets, int world, int steps,
-                                int64_t batch) {
+                                int64_t batch, const std::string& model = tiny_model()) {
   CommandLine cmd;
   cmd.np = world;
   cmd.sets = std::move(sets);
   cmd.search_path = default_search_path();
   std::string errors;
-  auto plan = compile_plan(tiny_model(), std::string(PIPER_STRATEGY_DIR) + "/" + strategy, cmd, &errors);
+  auto plan = compile_plan(model, std::string(PIPER_STRATEGY_DIR) + "/" + strategy, cmd, &errors);
   REQUIRE_MESSAGE(plan, errors);
   auto comms = make_fake_world(world);
   TokenData data(kData);
@@ -74,7 +81,7 @@ std::vector<double> distributed(const std::string& strategy, std::vector<std::st
   for (int r = 0; r < world; ++r)
     ranks.emplace_back([&, r] {
       try {
-        Executor ex(*plan, tiny_model(), data, *comms[static_cast<size_t>(r)], ExecutorOptions{batch, 1e-3, "adamw", 0});
+        Executor ex(*plan, model, data, *comms[static_cast<size_t>(r)], ExecutorOptions{batch, 1e-3, "adamw", 0});
         for (int s = 0; s < steps; ++s) losses[static_cast<size_t>(r)].push_back(ex.step(s).loss);
       } catch (const std::exception& e) {
         failures[static_cast<size_t>(r)] = e.what();
@@ -110,6 +117,7 @@ TEST_CASE("in-process ranks train to the single-device losses: pipelines, data p
     same_losses(distributed("interleaved_1f1b.piper", {"pp=2", "v=2", "mb=4"}, 2, steps, batch), want);
   }
   SUBCASE("zb1p pp=2 m=4") { same_losses(distributed("zb1p.piper", {"pp=2", "mb=4"}, 2, steps, batch), want); }
+  SUBCASE("dualpipev pp=2 m=4") { same_losses(distributed("dualpipev.piper", {"pp=2", "mb=4"}, 2, steps, batch), want); }
   SUBCASE("zero1 dp=2") { same_losses(distributed("zero1.piper", {"dp=2"}, 2, steps, batch), want); }
   SUBCASE("zero2 dp=2 with 2 microbatches and small buckets") {
     same_losses(distributed("../tests/strategies/zero2_mb2_buckets.piper", {"dp=2"}, 2, steps, batch), want);
@@ -123,5 +131,21 @@ TEST_CASE("in-process ranks train to the single-device losses: pipelines, data p
   }
   SUBCASE("1f1b pp=2 m=4 with recompute") {
     same_losses(distributed("../tests/strategies/1f1b_recompute.piper", {"pp=2", "mb=4"}, 2, steps, batch), want);
+  }
+}
+
+TEST_CASE("in-process expert parallelism trains to the single-device losses: EP alone, DualPipeV x EP") {
+  torch::set_num_threads(1);
+  const int steps = 5;
+  const int64_t batch = 8;
+  auto want = reference(steps, batch, tiny_moe());
+  SUBCASE("ep=2") {
+    same_losses(distributed("../tests/strategies/ep2.piper", {}, 2, steps, batch, tiny_moe()), want);
+  }
+  SUBCASE("1f1b pp=2 x ep=2") {
+    same_losses(distributed("../tests/strategies/1f1b_ep.piper", {"pp=2", "mb=2", "ep=2"}, 4, steps, batch, tiny_moe()), want);
+  }
+  SUBCASE("dualpipev pp=2 x ep=2") {
+    same_losses(distributed("dualpipev_ep.piper", {"pp=2", "mb=4", "ep=2"}, 4, steps, batch, tiny_moe()), want);
   }
 }

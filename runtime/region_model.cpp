@@ -9,7 +9,6 @@
 
 namespace piper::runtime {
 
-namespace {
 // `layers_3.attn` or `layers.3`: walk the attribute path from the root module.
 torch::jit::Module submodule(const torch::jit::Module& root, const std::string& path) {
   torch::jit::Module cur = root;
@@ -25,6 +24,12 @@ torch::jit::Module submodule(const torch::jit::Module& root, const std::string& 
   return cur;
 }
 
+torch::jit::Module RegionModel::Impl::region(const std::string& name) const {
+  auto it = module_of.find(name);
+  return submodule(root, it == module_of.end() ? name : it->second);
+}
+
+namespace {
 torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
   return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
 }
@@ -43,7 +48,7 @@ RegionModel::RegionModel(const std::string& path) : impl_(std::make_unique<Impl>
   auto j = nlohmann::json::parse(impl_->manifest, nullptr, false);
   if (j.is_discarded() || !j.contains("sequence") || !j.contains("regions"))
     throw std::runtime_error(fmt::format("{}: piper/manifest.json is not a region manifest", path));
-  std::map<std::string, std::string> module_of;
+  auto& module_of = impl_->module_of;
   for (const auto& r : j["regions"]) module_of[r.value("name", "")] = r.value("module", r.value("name", ""));
   for (const auto& name : j["sequence"]) {
     std::string n = name.get<std::string>();

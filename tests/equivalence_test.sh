@@ -10,7 +10,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-"$model_bin" gpt --layers 4 --d-model 32 --ffn 64 --seq 16 -o "$tmp/m.pt"
+# Strategies that shard experts train the MoE zoo model; the rest the dense one.
+arch=gpt
+case "$strategy" in *_ep*|*ep2*) arch=moe ;; esac
+"$model_bin" "$arch" --layers 4 --d-model 32 --ffn 64 --seq 16 -o "$tmp/m.pt"
 common=(--data "$root/data/corpus.txt" --steps 20 --batch-size 8 --lr 1e-3 --seed 0)
 # A --seq-len among piper-run's extra arguments applies to the reference trainer too.
 ref_extra=()

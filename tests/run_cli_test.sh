@@ -21,8 +21,8 @@ expect 1 "the mesh has 2 devices (pp=2) but the world has 1 ranks" "a strategy f
   "$run" "$tmp/m.pt" "$root/strategies/1f1b.piper" --set pp=2 --steps 1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 "$model_bin" moe --layers 2 --d-model 32 --ffn 64 --seq 16 -o "$tmp/moe.pt"
-expect 1 "does not execute yet: expert parallelism" "expert parallelism is refused, clearly" -- \
-  timeout 120 mpirun -np 2 --oversubscribe --bind-to none "$run" "$tmp/moe.pt" "$root/tests/strategies/ep2.piper" --steps 1
+expect 1 "does not execute yet: ZeRO together with expert parallelism" "ZeRO with EP is refused, clearly" -- \
+  timeout 120 mpirun -np 2 --oversubscribe --bind-to none "$run" "$tmp/moe.pt" "$root/tests/strategies/ep2_zero1.piper" --steps 1
 expect 1 "cannot open" "missing data file" -- "$run" "$tmp/m.pt" "$root/strategies/single.piper" --data "$tmp/none.txt"
 expect 0 "piper-run" "--version" -- "$run" --version
 if ((fails)); then echo "run_cli_test: $fails failed"; exit 1; fi
