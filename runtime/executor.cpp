@@ -268,7 +268,7 @@ struct Executor::Impl {
       std::vector<torch::Tensor> flat;
       for (auto& p : st.params) flat.push_back(p.detach().reshape({-1}));
       st.flat_params = torch::cat(flat);
-      std::vector<torch::Tensor> mine;
+      std::vector<torch::Tensor> my_shards;
       const size_t g = st.dp_group.size();
       for (auto [k, range] : st.buckets) {
         size_t len = static_cast<size_t>(range.second - range.first);
@@ -278,12 +278,12 @@ struct Executor::Impl {
         auto shard = st.flat_params.slice(0, range.first + static_cast<int64_t>(off[st.member]),
                                           range.first + static_cast<int64_t>(off[st.member + 1])).clone().requires_grad_(true);
         st.shards[k] = shard;
-        mine.push_back(shard);
+        my_shards.push_back(shard);
       }
       if (opt.optimizer == "adamw")
-        st.optimizer = std::make_unique<torch::optim::AdamW>(mine, torch::optim::AdamWOptions(opt.lr).weight_decay(0.0));
+        st.optimizer = std::make_unique<torch::optim::AdamW>(my_shards, torch::optim::AdamWOptions(opt.lr).weight_decay(0.0));
       else
-        st.optimizer = std::make_unique<torch::optim::SGD>(mine, torch::optim::SGDOptions(opt.lr));
+        st.optimizer = std::make_unique<torch::optim::SGD>(my_shards, torch::optim::SGDOptions(opt.lr));
       int64_t o = 0;
       for (auto& p : st.params) {
         st.param_offsets.push_back(o);
