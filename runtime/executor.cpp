@@ -887,6 +887,10 @@ std::vector<std::string> Executor::unsupported(const Plan& plan) {
     if (n.op == Op::Broadcast) out.insert("broadcast");
   }
   if (a2a && zero) out.insert("ZeRO together with expert parallelism");
+  // The runtime trains in fp32; silently ignoring a lower precision would mislead.
+  for (const auto& d : plan.strategy.directives)
+    if (const auto* pr = std::get_if<PrecisionDirective>(&d.body); pr && pr->dtype != DType::F32)
+      out.insert("precision bf16 (the runtime trains in fp32)");
   return {out.begin(), out.end()};
 }
 

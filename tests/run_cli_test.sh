@@ -23,6 +23,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 "$model_bin" moe --layers 2 --d-model 32 --ffn 64 --seq 16 -o "$tmp/moe.pt"
 expect 1 "does not execute yet: ZeRO together with expert parallelism" "ZeRO with EP is refused, clearly" -- \
   timeout 120 mpirun -np 2 --oversubscribe --bind-to none "$run" "$tmp/moe.pt" "$root/tests/strategies/ep2_zero1.piper" --steps 1
+printf 'use "single.piper";\nprecision bf16;\n' >"$tmp/bf16.piper"
+expect 1 "does not execute yet: precision bf16" "bf16 is refused, not silently ignored" -- \
+  "$run" "$tmp/m.pt" "$tmp/bf16.piper" --steps 1 -I "$root/strategies"
 expect 1 "cannot open" "missing data file" -- "$run" "$tmp/m.pt" "$root/strategies/single.piper" --data "$tmp/none.txt"
 expect 0 "piper-run" "--version" -- "$run" --version
 if ((fails)); then echo "run_cli_test: $fails failed"; exit 1; fi
