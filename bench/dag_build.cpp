@@ -5,14 +5,11 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 
-#include <chrono>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "ir/lower.h"
 #include "lang/frontend.h"
-#include "scheduler/memory.h"
-#include "scheduler/schedule.h"
+#include "scheduler/plan.h"
 
 using namespace piper;
 
@@ -54,37 +51,20 @@ struct Run {
 Run run(const Manifest& m, int64_t ranks, int64_t mb) {
   SourceManager sm;
   DiagnosticEngine diags(sm);
-  CommandLine cmd;
-  cmd.np = ranks;
-  cmd.sets = {"pp=16", "v=2", fmt::format("mb={}", mb), fmt::format("dp={}", ranks / 16)};
-  cmd.search_path = default_search_path();
+  sched::PlanOptions opt;
+  opt.cmd.np = ranks;
+  opt.cmd.sets = {"pp=16", "v=2", fmt::format("mb={}", mb), fmt::format("dp={}", ranks / 16)};
+  opt.cmd.search_path = default_search_path();
   FileId id = sm.add(std::string(PIPER_STRATEGY_DIR) + "/bench.piper",
                      "use \"interleaved_1f1b.piper\";\nuse \"zero1.piper\";\n");
-  auto t0 = std::chrono::steady_clock::now();
-  auto s = check_text(id, m, cmd, sm, diags);
-  auto t1 = std::chrono::steady_clock::now();
-  if (!s) {
+  auto r = sched::compile_plan(id, m, opt, sm, diags);
+  if (!r.plan) {
     diags.print_all(std::cerr);
     std::exit(1);
   }
-  auto g = ir::lower(*s, m, diags);
-  auto t2 = std::chrono::steady_clock::now();
-  if (!g) {
-    diags.print_all(std::cerr);
-    std::exit(1);
-  }
-  sched::ScheduleOptions so;
-  for (const auto& a : s->mesh) so.axis_sizes.push_back(a.size);
-  auto plan = sched::schedule(*g, sched::CostModel::unit({}), so, diags, *s);
-  if (!plan || sched::find_deadlock(*g, *plan)) {
-    diags.print_all(std::cerr);
-    std::exit(1);
-  }
-  auto mem = sched::memory_use(*g, *plan, *s, m, 1);
-  auto t3 = std::chrono::steady_clock::now();
-  auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
-  return Run{ranks, mb, int64_t(g->nodes.size()), int64_t(g->edges.size()), secs(t0, t1), secs(t1, t2), secs(t2, t3),
-             g->memory_bytes()};
+  const auto& g = r.plan->dag;
+  return Run{ranks, mb, int64_t(g.nodes.size()), int64_t(g.edges.size()), r.timings.check_s, r.timings.lower_s,
+             r.timings.schedule_s, g.memory_bytes()};
 }
 
 void print(const Run& r, const Run& base) {

@@ -20,12 +20,13 @@ int main(int argc, char** argv) {
   }
   std::string model = argv[1], strategy = argv[2];
   int pp = std::atoi(argv[3]), mb = std::atoi(argv[4]), steps = argc > 5 ? std::atoi(argv[5]) : 20;
-  CommandLine cmd;
-  cmd.np = pp;
-  cmd.sets = {fmt::format("pp={}", pp), fmt::format("mb={}", mb)};
-  cmd.search_path = default_search_path();
+  sched::PlanOptions opt;
+  opt.cmd.np = pp;
+  opt.cmd.sets = {fmt::format("pp={}", pp), fmt::format("mb={}", mb)};
+  opt.cmd.batch_size = 16;
+  opt.cmd.search_path = default_search_path();
   std::string errors;
-  auto plan = compile_plan(model, strategy, cmd, &errors);
+  auto plan = sched::compile_plan(model, strategy, opt, &errors);
   if (!plan) {
     fmt::print(stderr, "{}", errors);
     return 1;

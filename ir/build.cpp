@@ -1,45 +1,172 @@
-// Pass 1, build: the single-device DAG — per stage a forward chunk, a backward chunk and an update,
-// chained through the stages (forward down, loss at the end, backward up).
+// Pass 1, build: the single-device DAG — per stage forward and backward chunks (one per piece) and
+// an update, chained through the stages (forward down, loss at the end, backward up) — and each
+// stage's facts: its regions, its dense parameter layout, its replication (buckets and ZeRO-3
+// units), its expert lists' owners, and its pieces. A stage is cut into pieces around sharded expert
+// lists (the all-to-alls go between them) and at bucket and unit boundaries (so each bucket's
+// reduction starts when its regions' backward is done, and each unit is gathered just for its piece).
 #include <fmt/format.h>
+
+#include <set>
 
 #include "ir/pass.h"
 
 namespace piper::ir {
 
 namespace {
-// Sharded list regions named by any shard directive, so build can cut stages around them.
-std::vector<RegionId> sharded_lists(const CheckedStrategy& s) {
-  std::vector<RegionId> out;
+// Sharded list regions named by any shard directive, with the directive.
+std::vector<std::pair<RegionId, const ShardDirective*>> sharded_lists(const CheckedStrategy& s) {
+  std::vector<std::pair<RegionId, const ShardDirective*>> out;
   for (const auto& d : s.directives)
-    if (const auto* sh = std::get_if<ShardDirective>(&d.body)) out.insert(out.end(), sh->regions.begin(), sh->regions.end());
+    if (const auto* sh = std::get_if<ShardDirective>(&d.body))
+      for (RegionId r : sh->regions) out.emplace_back(r, sh);
   return out;
 }
 
-// A stage's pieces: dense runs and, for each sharded list inside it, an expert piece of its own
-// (the all-to-alls of the shard pass go between them).
-std::vector<Segment> cut(const Stage& stage, const Manifest& m, const std::vector<RegionId>& sharded) {
+int64_t numel(const ParamSpec& p) {
+  int64_t n = 1;
+  for (int64_t d : p.shape) n *= d;
+  return n;
+}
+
+// The dense layout: a region's own parameters, then its children's, depth first in manifest order;
+// sharded lists are left out (each rank holds its own members of them).
+void lay_out(const Manifest& m, RegionId r, const std::set<RegionId>& sharded, StageFacts& st) {
+  if (sharded.count(r)) return;
+  const Region& reg = m.regions[static_cast<size_t>(r)];
+  for (size_t i = 0; i < reg.params.size(); ++i) {
+    const int64_t n = numel(reg.params[i]);
+    st.dense.push_back(ParamSlot{r, static_cast<int32_t>(i), st.dense_elems, n});
+    st.dense_elems += n;
+  }
+  for (RegionId ch : reg.children) lay_out(m, ch, sharded, st);
+}
+
+int64_t bytes_per_element(const StageFacts& st, const Manifest& m) {
+  if (st.dense.empty()) return 4;
+  const ParamSlot& p = st.dense.front();
+  return dtype_bytes(m.regions[static_cast<size_t>(p.region)].params[static_cast<size_t>(p.index)].dtype);
+}
+
+// Per pipeline region of the stage: the runs of its dense parameters that `selected` covers.
+std::vector<std::vector<Range>> selected_runs(const StageFacts& st, const Manifest& m, const std::vector<RegionId>& selected) {
+  std::vector<std::vector<Range>> out(st.regions.size());
+  for (const ParamSlot& p : st.dense) {
+    if (std::none_of(selected.begin(), selected.end(), [&](RegionId x) { return m.is_ancestor(x, p.region); })) continue;
+    size_t k = 0;
+    while (!m.is_ancestor(st.regions[k], p.region)) ++k;
+    auto& runs = out[k];
+    if (!runs.empty() && runs.back().end == p.offset) runs.back().end += p.numel;
+    else runs.push_back(Range{p.offset, p.offset + p.numel});
+  }
+  return out;
+}
+
+// Buckets: whole regions' runs packed from the last region backwards (the order their gradients
+// become final in the backward) up to `limit` elements; a region larger than that is a bucket alone.
+std::vector<Range> pack_buckets(const std::vector<std::vector<Range>>& runs, int64_t limit) {
+  std::vector<Range> out;
+  bool open = false;
+  for (size_t k = runs.size(); k-- > 0;)
+    for (size_t i = runs[k].size(); i-- > 0;) {
+      const Range& r = runs[k][i];
+      if (open && out.back().begin == r.end && out.back().size() + r.size() <= limit) {
+        out.back().begin = r.begin;
+      } else {
+        out.push_back(r);
+        open = true;
+      }
+    }
+  return out;
+}
+
+// A stage's pieces: runs of pipeline regions cut where `cut_before[k]` says (region k starts a
+// piece), and around every sharded list (an expert piece of its own).
+std::vector<Segment> cut(const StageFacts& st, const Manifest& m, const std::set<RegionId>& sharded,
+                         const std::vector<bool>& cut_before) {
   std::vector<Segment> out(1);
-  for (RegionId r : stage.regions) {
+  int64_t at = 0;  // dense elements laid out so far
+  for (size_t k = 0; k < st.regions.size(); ++k) {
+    const RegionId r = st.regions[k];
+    if (cut_before[k] && !out.back().regions.empty()) out.emplace_back();
     std::vector<RegionId> inside;
     for (RegionId l : sharded)
       if (m.is_ancestor(r, l)) inside.push_back(l);
     Segment& dense = out.back();
+    if (dense.regions.empty()) dense.dense = Range{at, at};
     dense.regions.push_back(r);
     dense.param_bytes += m.param_bytes(r);
     dense.flops += m.flops(r);
+    StageFacts one;
+    lay_out(m, r, sharded, one);
+    at += one.dense_elems;
+    dense.dense.end = at;
     for (RegionId l : inside) {
       out.back().param_bytes -= m.param_bytes(l);
       out.back().flops -= m.flops(l);
       Segment expert;
       expert.sharded = l;
+      expert.dense = Range{at, at};
       expert.param_bytes = m.param_bytes(l);
       expert.flops = m.flops(l);
       out.push_back(std::move(expert));
       out.emplace_back();  // what follows the experts: the rest of the layer and the next ones
+      out.back().dense = Range{at, at};
     }
   }
   if (out.size() > 1 && out.back().regions.empty()) out.pop_back();  // stage ends with experts
   return out;
+}
+
+DType precision_of(const CheckedStrategy& s, const Manifest& m, const std::vector<RegionId>& regions) {
+  DType t = DType::F32;
+  for (const auto& d : s.directives)
+    if (const auto* p = std::get_if<PrecisionDirective>(&d.body))
+      for (RegionId sel : p->regions)
+        for (RegionId r : regions)
+          if (m.is_ancestor(sel, r) || m.is_ancestor(r, sel)) t = p->dtype;
+  return t;
+}
+
+// The stage's replication: the replicate directive that selects its parameters over an axis of
+// more than one rank. Returns false (and reports) when two apply over different axes.
+bool decide_replication(LowerContext& c, StageFacts& st) {
+  const Directive* chosen = nullptr;
+  for (const auto& d : c.strategy.directives) {
+    const auto* rep = std::get_if<ReplicateDirective>(&d.body);
+    if (!rep || c.strategy.axis_size(rep->axis) <= 1) continue;
+    auto runs = selected_runs(st, c.manifest, rep->regions);
+    if (std::all_of(runs.begin(), runs.end(), [](auto& r) { return r.empty(); })) continue;
+    if (chosen) {
+      const auto& first = std::get<ReplicateDirective>(chosen->body);
+      if (first.axis == rep->axis) continue;  // the first one decides; the same axis again adds nothing
+      auto& e = c.diags.error(d.loc, fmt::format("these parameters are already replicated over '{}'; a stage is "
+                                                 "replicated over one axis",
+                                                 first.axis));
+      e.note(chosen->loc, "replicated here first");
+      for (const Note& n : d.used_from) e.notes.push_back(n);
+      return false;
+    }
+    chosen = &d;
+    const int64_t elem = bytes_per_element(st, c.manifest);
+    const int64_t limit = rep->bucket_bytes > 0 ? std::max<int64_t>(1, rep->bucket_bytes / elem)
+                                                : std::numeric_limits<int64_t>::max();
+    Replication r;
+    r.axis = c.axis_index(rep->axis);
+    r.ways = c.strategy.axis_size(rep->axis);
+    r.zero = rep->zero;
+    r.stream = c.graph.stream(rep->stream.empty() ? "comm" : rep->stream);
+    if (rep->zero == 3) {
+      // Units: each pipeline region's parameters, gathered for its own piece only (FSDP's
+      // wrapping of every block); reduce-scatters go unit by unit too, in backward order.
+      for (const auto& region_runs : runs)
+        for (const Range& u : region_runs) r.units.push_back(u);
+      r.buckets.assign(r.units.rbegin(), r.units.rend());
+    } else {
+      r.buckets = pack_buckets(runs, limit);
+    }
+    st.replication = std::move(r);
+  }
+  return true;
 }
 }  // namespace
 
@@ -53,30 +180,83 @@ int64_t LowerContext::activation_bytes(const std::optional<TensorSpec>& t) const
 void build_pass(LowerContext& c) {
   Graph& g = c.graph;
   const auto& stages = c.strategy.stages;
-  auto sharded = sharded_lists(c.strategy);
-  c.segments.clear();
-  for (const Stage& st : stages) c.segments.push_back(cut(st, c.manifest, sharded));
+  const auto lists = sharded_lists(c.strategy);
+  std::set<RegionId> sharded;
+  for (const auto& [r, d] : lists) sharded.insert(r);
+  for (const Stage& s : stages) {
+    StageFacts st;
+    st.regions = s.regions;
+    st.coord = s.coord;
+    st.chunk = s.chunk;
+    for (RegionId r : s.regions) lay_out(c.manifest, r, sharded, st);
+    st.precision = precision_of(c.strategy, c.manifest, s.regions);
+    if (!decide_replication(c, st)) {
+      c.failed = true;
+      return;
+    }
+    // Cut before every region that starts a bucket (ZeRO-3's units are its buckets too): the
+    // region that owns the bucket's first parameter.
+    std::vector<bool> cut_before(st.regions.size(), false);
+    for (const Range& b : st.replication.buckets)
+      for (const ParamSlot& p : st.dense)
+        if (p.offset == b.begin) {
+          for (size_t k = 1; k < st.regions.size(); ++k)
+            if (c.manifest.is_ancestor(st.regions[k], p.region)) cut_before[k] = true;
+          break;
+        }
+    st.segments = cut(st, c.manifest, sharded, cut_before);
+    // Expert ownership: each list's members in contiguous blocks over the shard axis.
+    for (size_t j = 0; j < st.segments.size(); ++j) {
+      const RegionId list = st.segments[j].sharded;
+      if (list < 0) continue;
+      const ShardDirective* dir = nullptr;
+      for (const auto& [r, d] : lists)
+        if (r == list) dir = d;
+      ExpertShard e;
+      e.list = list;
+      e.axis = c.axis_index(dir->axis);
+      e.ways = c.strategy.axis_size(dir->axis);
+      e.segment = static_cast<int32_t>(j);
+      e.members = c.manifest.regions[static_cast<size_t>(list)].children;
+      const int64_t per = static_cast<int64_t>(e.members.size()) / e.ways;  // the checker made it divide
+      for (size_t m = 0; m < e.members.size(); ++m) e.owner.push_back(static_cast<int64_t>(m) / per);
+      e.member_bytes = c.manifest.param_bytes(e.members.front());
+      // Each rank holds members/ways of them; with tokens routed evenly it does a sample's share of
+      // expert work per local sample, which is what the manifest's per-sample FLOPs already say.
+      st.segments[j].param_bytes /= e.ways;
+      st.experts.push_back(std::move(e));
+    }
+    g.facts.stages.push_back(std::move(st));
+  }
 
   int32_t act = g.tensor("activation"), grad = g.tensor("activation_grad"), saved = g.tensor("saved_activations");
   int32_t pgrad = g.tensor("param_grads"), loss = g.tensor("loss_grad");
   NodeId prev_f = -1;  // last forward piece so far, down the pipeline
   std::vector<NodeId> first_b(stages.size());
   for (size_t s = 0; s < stages.size(); ++s) {
-    const auto& segs = c.segments[s];
-    int64_t boundary = c.activation_bytes(c.manifest.regions[stages[s].regions.front()].input);
-    NodeId update = g.add(Node{Op::U, Payload::None, 0, 0, -1, int32_t(s), -1, 0, -1, -1, -1, -1, 0});
+    const auto& segs = c.stage(s).segments;
+    const Manifest& m = c.manifest;
+    NodeId update = g.add(Node{.op = Op::U, .stage = int32_t(s)});
     std::vector<NodeId> f(segs.size()), b(segs.size());
     for (size_t j = 0; j < segs.size(); ++j) {
-      int16_t seg = segs.size() > 1 ? int16_t(j) : int16_t(-1);
-      f[j] = g.add(Node{Op::F, Payload::None, 0, 0, seg, int32_t(s), 0, 0, -1, -1, -1, -1, segs[j].param_bytes, segs[j].flops});
-      b[j] = g.add(Node{Op::B, Payload::None, 0, 0, seg, int32_t(s), 0, 0, -1, -1, -1, -1, segs[j].param_bytes, segs[j].flops});
+      const int16_t seg = segs.size() > 1 ? int16_t(j) : int16_t(-1);
+      const Node chunk{.op = Op::F, .segment = seg, .stage = int32_t(s), .microbatch = 0, .bytes = segs[j].param_bytes,
+                       .flops = segs[j].flops};
+      f[j] = g.add(chunk);
+      Node backward = chunk;
+      backward.op = Op::B;
+      b[j] = g.add(backward);
       g.connect(f[j], b[j], EdgeKind::Data, 0, saved);  // the backward needs the forward's activations
       g.connect(b[j], update, EdgeKind::Data, segs[j].param_bytes, pgrad);
       if (j > 0) {
-        g.connect(f[j - 1], f[j], EdgeKind::Data, boundary, act);
-        g.connect(b[j], b[j - 1], EdgeKind::Data, boundary, grad);
+        // Between pieces flows the activation at the cut: the input of the piece's first region.
+        const RegionId first = segs[j].regions.empty() ? segs[j - 1].regions.back() : segs[j].regions.front();
+        const int64_t at = c.activation_bytes(m.regions[static_cast<size_t>(first)].input);
+        g.connect(f[j - 1], f[j], EdgeKind::Data, at, act);
+        g.connect(b[j], b[j - 1], EdgeKind::Data, at, grad);
       }
     }
+    const int64_t boundary = c.activation_bytes(m.regions[static_cast<size_t>(stages[s].regions.front())].input);
     if (prev_f >= 0) {
       g.connect(prev_f, f.front(), EdgeKind::Data, boundary, act);
       g.connect(b.front(), first_b[s - 1], EdgeKind::Data, boundary, grad);

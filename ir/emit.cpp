@@ -46,7 +46,7 @@ std::string emit_dag_text(const Graph& g) {
   for (size_t v = 0; v < g.nodes.size(); ++v) {
     const Node& n = g.nodes[v];
     out += fmt::format("{} r{} {}", names[v], n.ranks >= 0 ? rank_list(g.ranks(n.ranks)) : "?", g.streams[n.stream]);
-    if (n.axis >= 0 && static_cast<size_t>(n.axis) < g.mesh_axes.size()) out += " axis=" + g.mesh_axes[static_cast<size_t>(n.axis)];
+    if (n.axis >= 0) out += " axis=" + g.axis_name(n.axis);
     if (n.bytes) out += fmt::format(" {}B", n.bytes);
     if (n.overlap >= 0) out += fmt::format(" overlap={}", n.overlap);
     if (n.flags & ~kBackward) out += " " + flag_text(n.flags);
@@ -80,7 +80,7 @@ std::string emit_dag_json(const Graph& g) {
     if (n.segment >= 0) j["segment"] = n.segment;
     if (n.bucket >= 0) j["bucket"] = n.bucket;
     if (n.overlap >= 0) j["overlap"] = n.overlap;
-    if (n.axis >= 0 && static_cast<size_t>(n.axis) < g.mesh_axes.size()) j["axis"] = g.mesh_axes[static_cast<size_t>(n.axis)];
+    if (n.axis >= 0) j["axis"] = g.axis_name(n.axis);
     if (n.flags & ~kBackward) j["flags"] = flag_text(n.flags);
     nodes.push_back(std::move(j));
   }

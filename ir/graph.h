@@ -7,11 +7,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ir/facts.h"
+
 namespace piper::ir {
 
 using NodeId = int32_t;
 using GroupId = int32_t;
-using StreamId = uint16_t;
 
 enum class Op : uint8_t {
   F, B, BI, BW, U,                                                  // chunks
@@ -45,7 +46,7 @@ struct Node {
   Payload payload = Payload::None;
   uint8_t flags = 0;
   StreamId stream = 0;
-  int16_t segment = -1;     // piece of a stage split at sharded regions; -1 when not split
+  int16_t segment = -1;     // piece of a stage (facts.stages[stage].segments); -1 when the stage is one piece
   int32_t stage = -1;
   int32_t microbatch = -1;  // -1: once per step (U, per-step collectives)
   int32_t chunk = 0;        // virtual stage index on its rank
@@ -73,11 +74,7 @@ class Graph {
   std::vector<Edge> edges;
   std::vector<std::string> streams{"compute", "comm", "p2p_send", "p2p_recv"};
   std::vector<std::string> tensor_names;
-  std::vector<std::string> mesh_axes;  // axis index -> name, for collectives
-  // Per stage, its pieces (segments) when cut at sharded regions: the pipeline regions of a dense
-  // piece, or the sharded list of an expert piece (-1 in `piece_sharded` for dense pieces).
-  std::vector<std::vector<std::vector<int32_t>>> piece_regions;
-  std::vector<std::vector<int32_t>> piece_sharded;
+  PlanFacts facts;  // what lowering decided, as data (ir/facts.h)
 
   NodeId add(const Node& n) {
     nodes.push_back(n);
@@ -91,6 +88,13 @@ class Graph {
   size_t group_count() const { return groups_.size(); }
   StreamId stream(std::string_view name);  // interned
   int32_t tensor(std::string_view name);   // interned
+  const StageFacts& stage(int32_t s) const { return facts.stages.at(static_cast<size_t>(s)); }
+  const Segment& segment_of(const Node& n) const {  // the piece a chunk or its communication runs
+    return stage(n.stage).segments.at(static_cast<size_t>(n.segment < 0 ? 0 : n.segment));
+  }
+  std::string axis_name(int32_t axis) const {
+    return axis >= 0 && static_cast<size_t>(axis) < facts.mesh.axes().size() ? facts.mesh.axes()[static_cast<size_t>(axis)].name : "";
+  }
   void remove_dead_edges();                // after a pass that retired edges
 
   // Adjacency over live edges, rebuilt on demand (compressed rows: offsets + edge indices).

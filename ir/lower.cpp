@@ -9,64 +9,64 @@
 
 namespace piper::ir {
 
-const std::vector<PassInfo>& pass_list() {
-  static const std::vector<PassInfo> passes = {
-      {"build", "single-device DAG: per stage F and B chunks (cut at sharded regions) and an update"},
-      {"split", "copy F/B per microbatch; split backwards into BI/BW where orders name them"},
-      {"place", "ranks, virtual-stage index and stream of every chunk"},
-      {"p2p", "send/recv on every data edge that crosses ranks"},
-      {"replicate", "data parallelism: all-reduce, or ZeRO-1/2/3 reduce-scatter and all-gathers"},
-      {"shard", "expert parallelism: all-to-all dispatch and combine around sharded pieces"},
-      {"order", "temporal edges, overlap groups and streams from `order`; cycles are errors"},
-      {"recompute", "mark forwards whose activations are recomputed"},
+namespace {
+struct Pass {
+  PassInfo info;
+  void (*run)(LowerContext&);
+  bool p2p_invariant;  // after it, data edges between chunks never cross ranks (false only between place and p2p)
+};
+
+// The order matters: split copies what build made; place needs every chunk to exist; p2p needs
+// ranks; replicate and shard rewire edges that p2p may already have split; order needs the final
+// pieces of every task (and must see all communication to find cycles through it); recompute only
+// marks forwards, so it can come last.
+const std::vector<Pass>& passes() {
+  static const std::vector<Pass> table = {
+      {{"build", "single-device DAG: per stage F and B chunks (cut into pieces) and an update; stage facts"},
+       build_pass, true},
+      {{"split", "copy F/B per microbatch; split backwards into BI/BW where orders name them"}, split_pass, true},
+      {{"place", "ranks, virtual-stage index and stream of every chunk"}, place_pass, false},
+      {{"p2p", "send/recv on every data edge that crosses ranks"}, p2p_pass, true},
+      {{"replicate", "data parallelism: all-reduce, or ZeRO-1/2/3 reduce-scatter and all-gathers; buckets"},
+       replicate_pass, true},
+      {{"shard", "expert parallelism: all-to-all dispatch and combine around sharded pieces; owners"}, shard_pass,
+       true},
+      {{"order", "temporal edges, overlap groups and streams from `order`; cycles are errors"}, order_pass, true},
+      {{"recompute", "mark forwards whose activations are recomputed"}, recompute_pass, true},
   };
-  return passes;
+  return table;
+}
+}  // namespace
+
+const std::vector<PassInfo>& pass_list() {
+  static const std::vector<PassInfo> infos = [] {
+    std::vector<PassInfo> out;
+    for (const Pass& p : passes()) out.push_back(p.info);
+    return out;
+  }();
+  return infos;
 }
 
 std::optional<Graph> lower(const CheckedStrategy& s, const Manifest& m, DiagnosticEngine& diags,
                            const LowerOptions& options) {
-  LowerContext c{s, m, diags, options, Graph{}, {}, {}};
-  for (const auto& axis : s.mesh) c.graph.mesh_axes.push_back(axis.name);
+  LowerContext c{s, m, diags, options, Graph{}};
+  PlanFacts& f = c.graph.facts;
+  f.mesh = s.mesh;
+  f.pipeline_axis = s.pipeline_axis_index();
+  f.microbatches = s.microbatches;
+  f.samples_per_microbatch = options.samples_per_microbatch;
   for (const auto& st : s.streams) c.graph.stream(st);
-
-  bool p2p_done = false;
-  auto after = [&](const char* pass) {
-    p2p_done = p2p_done || std::string_view(pass) == "p2p";
+  for (const Pass& p : passes()) {
+    p.run(c);
+    if (c.failed) return std::nullopt;
     if (options.verify_each) {
-      auto problems = verify(c.graph, p2p_done || std::string_view(pass) == "build" || std::string_view(pass) == "split");
+      auto problems = verify(c.graph, p.p2p_invariant);
       if (!problems.empty())
-        internal_error(__FILE__, __LINE__, fmt::format("the DAG is malformed after pass '{}':\n  {}", pass,
+        internal_error(__FILE__, __LINE__, fmt::format("the DAG is malformed after pass '{}':\n  {}", p.info.name,
                                                        fmt::join(problems, "\n  ")));
     }
-    if (options.after_pass) options.after_pass(pass, c.graph);
-  };
-  // The order matters: split copies what build made; place needs every chunk to exist; p2p needs
-  // ranks; replicate and shard rewire edges that p2p may already have split; order needs the final
-  // pieces of every task (and must see all communication to find cycles through it).
-  build_pass(c);
-  for (const auto& segs : c.segments) {  // the runtime runs pieces; it needs to know what is in them
-    c.graph.piece_regions.emplace_back();
-    c.graph.piece_sharded.emplace_back();
-    for (const auto& seg : segs) {
-      c.graph.piece_regions.back().push_back(seg.regions);
-      c.graph.piece_sharded.back().push_back(seg.sharded);
-    }
+    if (options.after_pass) options.after_pass(p.info.name, c.graph);
   }
-  after("build");
-  split_pass(c);
-  after("split");
-  place_pass(c);
-  after("place");
-  p2p_pass(c);
-  after("p2p");
-  replicate_pass(c);
-  after("replicate");
-  shard_pass(c);
-  after("shard");
-  if (!order_pass(c)) return std::nullopt;
-  after("order");
-  recompute_pass(c);
-  after("recompute");
   return std::move(c.graph);
 }
 

@@ -100,23 +100,38 @@ TEST_CASE("data parallelism: one all-reduce per bucket over dp, after every back
     if (n.op == Op::AllReduce) {
       sum += n.bytes, ++buckets;
       CHECK(g.ranks(n.ranks) == std::vector<int32_t>{0, 1});
-      CHECK(g.mesh_axes[static_cast<size_t>(n.axis)] == "dp");
+      CHECK(g.axis_name(n.axis) == "dp");
     }
   CHECK(buckets == (total + (512 << 10) - 1) / (512 << 10));
   CHECK(sum == total);
 }
 
-TEST_CASE("ZeRO-3 gathers parameters per microbatch and direction, frees them after, reduce-scatters per microbatch") {
+TEST_CASE("ZeRO-3 gathers each unit per microbatch and direction, frees it after, reduce-scatters per microbatch") {
   Front f;
   Graph g = lowered(f, "mesh dp = 2;\nsplit batch into 2;\nreplicate * over dp zero 3;\n");
+  // gpt8: embed, 8 layers, head — one unit (and one piece) each.
+  const auto& facts = g.stage(0);
+  REQUIRE(facts.replication.units.size() == 10);
+  CHECK(facts.segments.size() == 10);
+  CHECK(facts.replication.buckets.front() == facts.replication.units.back());  // reduced last-first
   auto c = census(g);
-  CHECK(c["ALLGATHER_PF"] == 2);
-  CHECK(c["ALLGATHER_PB"] == 2);
-  CHECK(c["REDUCESCATTER_G"] == 2);
+  CHECK(c["ALLGATHER_PF"] == 20);
+  CHECK(c["ALLGATHER_PB"] == 20);
+  CHECK(c["REDUCESCATTER_G"] == 20);
   CHECK(c.count("ALLGATHER_P") == 0);  // parameters stay sharded between steps
-  CHECK(has(find(g, "0ALLGATHER_PF1.b0"), kMaterialize));
-  CHECK(has(find(g, "0F1"), kFreeParams));
+  CHECK(has(find(g, "0ALLGATHER_PF1.b3"), kMaterialize));
+  CHECK(has(find(g, "0F1.s3"), kFreeParams));
   CHECK(has(find(g, "0REDUCESCATTER_G1.b0"), kShardGrads));
+  // One unit of prefetch: the gather for piece 3 waits for piece 1; the first two wait for nothing.
+  auto preds = [&](const std::string& tok) {
+    std::vector<std::string> out;
+    for (const Edge& e : g.edges)
+      if (token(g.nodes[static_cast<size_t>(e.dst)]) == tok) out.push_back(token(g.nodes[static_cast<size_t>(e.src)]));
+    return out;
+  };
+  CHECK(preds("0ALLGATHER_PF1.b3") == std::vector<std::string>{"0F1.s1"});
+  CHECK(preds("0ALLGATHER_PF1.b1").empty());
+  CHECK(preds("0ALLGATHER_PB1.b7") == std::vector<std::string>{"0B1.s9"});
 }
 
 TEST_CASE("ZeRO-1 reduce-scatters once and all-gathers after the update") {

@@ -27,7 +27,7 @@ Op op_for(TaskKind k, bool split) {
 std::string task_text(const Task& t) { return fmt::format("{}({}, {})", task_kind_name(t.kind), t.stage, t.microbatch); }
 }  // namespace
 
-bool order_pass(LowerContext& c) {
+void order_pass(LowerContext& c) {
   Graph& g = c.graph;
   // The pieces of each task: (op, stage, microbatch) -> nodes in segment order.
   std::map<std::tuple<Op, int32_t, int32_t>, std::vector<NodeId>> pieces;
@@ -65,6 +65,7 @@ bool order_pass(LowerContext& c) {
     for (const auto& group : o->chain) {
       if (group.size() < 2) continue;
       for (const Task& t : group) g.nodes[static_cast<size_t>(first(t))].overlap = overlap;
+      g.facts.overlap_locs.push_back(d.loc);
       ++overlap;
     }
     for (size_t k = 0; k + 1 < o->chain.size(); ++k)
@@ -85,10 +86,14 @@ bool order_pass(LowerContext& c) {
           g.connect(src, dst, EdgeKind::Temporal, 0, label);
         }
   }
-  if (!ok) return false;
+  if (!ok) {
+    c.failed = true;
+    return;
+  }
 
   std::vector<NodeId> stuck;
-  if (g.topological_order(&stuck)) return true;
+  if (g.topological_order(&stuck)) return;
+  c.failed = true;
   // Find one concrete cycle among the stuck nodes, then name the orders on it. Every stuck node
   // has a stuck predecessor (that is why it is stuck), so walking predecessors must loop.
   std::set<NodeId> stuck_set(stuck.begin(), stuck.end());
@@ -114,7 +119,8 @@ bool order_pass(LowerContext& c) {
   for (int32_t e : cycle) {
     const Edge& edge = g.edges[static_cast<size_t>(e)];
     steps.push_back(token(g.nodes[static_cast<size_t>(edge.src)]));
-    if (edge.kind == EdgeKind::Temporal && std::find(orders.begin(), orders.end(), edge.label) == orders.end())
+    if (edge.kind == EdgeKind::Temporal && edge.label >= 0 &&
+        std::find(orders.begin(), orders.end(), edge.label) == orders.end())
       orders.push_back(edge.label);
   }
   steps.push_back(token(g.nodes[static_cast<size_t>(g.edges[static_cast<size_t>(cycle.front())].src)]));
@@ -124,7 +130,6 @@ bool order_pass(LowerContext& c) {
   for (const Note& n : culprit.used_from) diag.notes.push_back(n);
   for (size_t i = 0; i + 1 < orders.size(); ++i) diag.note(dirs[static_cast<size_t>(orders[i])]->loc, "the cycle also uses this order");
   if (orders.size() == 1) diag.note(SourceLoc{}, "the rest of the cycle is data dependencies (a forward precedes its backward, stage s precedes s+1)");
-  return false;
 }
 
 }  // namespace piper::ir

@@ -11,7 +11,7 @@ void p2p_pass(LowerContext& c) {
   // are separate FIFOs, so a rank's send can never wait behind its own receive (the classic 1F1B
   // deadlock with blocking send/recv on one channel).
   StreamId send_stream = g.stream("p2p_send"), recv_stream = g.stream("p2p_recv");
-  int32_t axis = c.axis_index(c.strategy.pipeline_axis);
+  const int32_t axis = g.facts.pipeline_axis;
   const size_t n_edges = g.edges.size();
   for (size_t e = 0; e < n_edges; ++e) {
     const Edge edge = g.edges[e];
@@ -19,12 +19,15 @@ void p2p_pass(LowerContext& c) {
     if (edge.kind != EdgeKind::Data || src.ranks == dst.ranks) continue;
     PIPER_INTERNAL_ASSERT(g.ranks(src.ranks).size() == g.ranks(dst.ranks).size(),
                           "p2p: stages on different numbers of ranks");
-    bool backward = src.op != Op::F;
-    Payload what = backward ? Payload::ActGrad : Payload::Act;
-    uint8_t flags = backward ? kBackward : 0;
-    Node send{Op::Send, what, flags, send_stream, src.segment, src.stage, src.microbatch, src.chunk, -1, -1, src.ranks, axis, edge.bytes};
-    Node recv{Op::Recv, what, flags, recv_stream, dst.segment, dst.stage, dst.microbatch, dst.chunk, -1, -1, dst.ranks, axis, edge.bytes};
-    NodeId s = g.add(send), r = g.add(recv);
+    const bool backward = src.op != Op::F;
+    const Payload what = backward ? Payload::ActGrad : Payload::Act;
+    const uint8_t flags = backward ? kBackward : 0;
+    NodeId s = g.add(Node{.op = Op::Send, .payload = what, .flags = flags, .stream = send_stream, .segment = src.segment,
+                          .stage = src.stage, .microbatch = src.microbatch, .chunk = src.chunk, .ranks = src.ranks,
+                          .axis = axis, .bytes = edge.bytes});
+    NodeId r = g.add(Node{.op = Op::Recv, .payload = what, .flags = flags, .stream = recv_stream, .segment = dst.segment,
+                          .stage = dst.stage, .microbatch = dst.microbatch, .chunk = dst.chunk, .ranks = dst.ranks,
+                          .axis = axis, .bytes = edge.bytes});
     g.edges[e].kind = EdgeKind::Dead;
     g.connect(edge.src, s, EdgeKind::Data, edge.bytes, edge.label);
     g.connect(s, r, EdgeKind::Data, edge.bytes, edge.label);

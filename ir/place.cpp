@@ -7,36 +7,12 @@
 
 namespace piper::ir {
 
-int32_t LowerContext::axis_index(const std::string& axis) const {
-  for (size_t i = 0; i < strategy.mesh.size(); ++i)
-    if (strategy.mesh[i].name == axis) return static_cast<int32_t>(i);
-  return -1;
-}
-
-std::vector<int32_t> LowerContext::ranks_at(const std::string& axis, int64_t coord) const {
-  // Ranks are row-major over the mesh axes in declaration order: the last axis varies fastest.
-  const auto& mesh = strategy.mesh;
-  int32_t a = axis_index(axis);
-  int64_t stride = 1;
-  for (size_t i = mesh.size(); i-- > 0;) {
-    if (static_cast<int32_t>(i) == a) break;
-    stride *= mesh[i].size;
-  }
-  std::vector<int32_t> out;
-  for (int64_t r = 0; r < strategy.world; ++r)
-    if (a < 0 || (r / stride) % mesh[static_cast<size_t>(a)].size == coord) out.push_back(static_cast<int32_t>(r));
-  return out;
-}
-
 void place_pass(LowerContext& c) {
   Graph& g = c.graph;
-  const auto& stages = c.strategy.stages;
-  c.stage_ranks.clear();
+  const auto& stages = c.graph.facts.stages;
+  const Mesh& mesh = c.strategy.mesh;
   std::vector<GroupId> group(stages.size());
-  for (size_t s = 0; s < stages.size(); ++s) {
-    c.stage_ranks.push_back(c.ranks_at(c.strategy.pipeline_axis, stages[s].coord));
-    group[s] = g.group(c.stage_ranks.back());
-  }
+  for (size_t s = 0; s < stages.size(); ++s) group[s] = g.group(mesh.ranks_at(g.facts.pipeline_axis, stages[s].coord));
   // A place directive's stream applies to the chunks of the stages it placed.
   std::vector<StreamId> stream(stages.size(), g.stream("compute"));
   for (const auto& d : c.strategy.directives) {

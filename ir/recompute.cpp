@@ -20,8 +20,7 @@ void recompute_pass(LowerContext& c) {
     };
     for (Node& n : g.nodes) {
       if (n.op != Op::F) continue;
-      const auto& segs = c.segments[static_cast<size_t>(n.stage)];
-      if (hit(segs[static_cast<size_t>(n.segment < 0 ? 0 : n.segment)])) n.flags |= kRecompute;
+      if (hit(g.segment_of(n))) n.flags |= kRecompute;
     }
   }
 }

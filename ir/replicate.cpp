@@ -1,11 +1,13 @@
-// Pass 5, replicate: data parallelism over an axis. The gradients of each stage's replicated
-// parameters are reduced over the axis before its update:
-//   zero 0: all-reduce after the last backward;
+// Pass 5, replicate: data parallelism as the stage facts decided it (build). The gradients of each
+// bucket are reduced over the replication axis before the update, starting as soon as the pieces
+// that produce them are done (buckets are whole pieces' regions, last regions first):
+//   zero 0: all-reduce after the last microbatch's backward of the bucket's piece;
 //   zero 1: reduce-scatter once, update the shard, all-gather the parameters;
 //   zero 2: reduce-scatter after every microbatch's backward (gradients stay sharded);
-//   zero 3: zero 2, and parameters are all-gathered before every forward and backward use and
-//           freed after (per microbatch — correct under a pipeline, where stages interleave).
-// Parameters of regions sharded over the same axis (experts) are not replicated there.
+//   zero 3: zero 2, and each unit's parameters are all-gathered for every forward and backward use
+//           of its piece and freed after (per microbatch — correct under a pipeline, where stages
+//           interleave). A unit's gather waits for the piece two before its consumer (one unit of
+//           prefetch); the first ones of a task are issued just in time by the scheduler.
 #include <fmt/format.h>
 
 #include <set>
@@ -15,22 +17,13 @@
 namespace piper::ir {
 
 namespace {
-int64_t selected_bytes(const Manifest& m, RegionId r, const std::vector<RegionId>& sel, const std::set<RegionId>& skip) {
-  if (skip.count(r)) return 0;
-  bool all = std::any_of(sel.begin(), sel.end(), [&](RegionId x) { return m.is_ancestor(x, r); });
-  int64_t total = 0;
-  if (all)
-    for (const auto& p : m.regions[static_cast<size_t>(r)].params) total += p.bytes;
-  for (RegionId ch : m.regions[static_cast<size_t>(r)].children) total += selected_bytes(m, ch, sel, skip);
-  return total;
-}
+bool overlaps(const Range& a, const Range& b) { return a.begin < b.end && b.begin < a.end; }
 }  // namespace
 
 void replicate_pass(LowerContext& c) {
   Graph& g = c.graph;
   int32_t grads = g.tensor("param_grads"), params = g.tensor("params");
-  // Chunks and updates by stage, so the rewiring below does not rescan the graph per stage.
-  const size_t stages = c.strategy.stages.size();
+  const size_t stages = g.facts.stages.size();
   std::vector<std::vector<NodeId>> chunks(stages);
   std::vector<NodeId> update(stages, -1);
   for (NodeId v = 0; v < NodeId(g.nodes.size()); ++v) {
@@ -39,73 +32,83 @@ void replicate_pass(LowerContext& c) {
     if (n.op == Op::U) update[static_cast<size_t>(n.stage)] = v;
     else chunks[static_cast<size_t>(n.stage)].push_back(v);
   }
-
-  for (const auto& d : c.strategy.directives) {
-    const auto* rep = std::get_if<ReplicateDirective>(&d.body);
-    if (!rep || c.strategy.axis_size(rep->axis) <= 1) continue;  // one replica: nothing to reduce
-    std::set<RegionId> skip;
-    for (const auto& other : c.strategy.directives)
-      if (const auto* sh = std::get_if<ShardDirective>(&other.body); sh && sh->axis == rep->axis)
-        skip.insert(sh->regions.begin(), sh->regions.end());
-    int32_t axis = c.axis_index(rep->axis);
-    StreamId stream = g.stream(rep->stream.empty() ? "comm" : rep->stream);
-
-    for (size_t s = 0; s < stages; ++s) {
-      int64_t bytes = 0;
-      for (RegionId r : c.strategy.stages[s].regions) bytes += selected_bytes(c.manifest, r, rep->regions, skip);
-      if (bytes == 0) continue;
-      const int64_t bucket = rep->bucket_bytes > 0 ? rep->bucket_bytes : bytes;
-      const int32_t buckets = static_cast<int32_t>((bytes + bucket - 1) / bucket);
-      const NodeId u = update[s];
-      const GroupId ranks = g.nodes[static_cast<size_t>(u)].ranks;
-      const int32_t chunk = g.nodes[static_cast<size_t>(u)].chunk;
-      auto collective = [&](Op op, Payload what, int32_t mb, int32_t k, uint8_t flags) {
-        int64_t b = std::min(bucket, bytes - int64_t(k) * bucket);
-        return g.add(Node{op, what, flags, stream, -1, int32_t(s), mb, chunk, k, -1, ranks, axis, b});
-      };
-      // The gradients reach the update through the reduction now, not directly.
-      for (Edge& e : g.edges)
-        if (e.dst == u && e.kind == EdgeKind::Data && e.label == grads) e.kind = EdgeKind::Dead;
-
-      const bool per_microbatch = rep->zero >= 2;
-      const Op reduce = rep->zero == 0 ? Op::AllReduce : Op::ReduceScatter;
-      // Gradient producers: BW where the backward is split, else B.
-      for (int32_t k = 0; k < buckets; ++k) {
-        if (!per_microbatch) {
-          NodeId red = collective(reduce, Payload::Grad, -1, k, kBackward);
-          for (NodeId v : chunks[s])
-            if (g.nodes[v].op == Op::B || g.nodes[v].op == Op::BW)
-              g.connect(v, red, EdgeKind::Data, g.nodes[v].bytes, grads);
-          g.connect(red, u, EdgeKind::Data, g.nodes[red].bytes, grads);
-        } else {
-          std::map<int32_t, NodeId> per_mb;
-          for (NodeId v : chunks[s]) {
-            const Node n = g.nodes[v];
-            if (n.op != Op::B && n.op != Op::BW) continue;
-            auto [it, fresh] = per_mb.emplace(n.microbatch, -1);
-            if (fresh) it->second = collective(Op::ReduceScatter, Payload::Grad, n.microbatch, k, kBackward | kShardGrads);
-            g.connect(v, it->second, EdgeKind::Data, n.bytes, grads);
-          }
-          for (auto [mb, red] : per_mb) g.connect(red, u, EdgeKind::Data, g.nodes[red].bytes, grads);
-        }
-        if (rep->zero == 1 || rep->zero == 2) {
-          NodeId gather = collective(Op::AllGather, Payload::Param, -1, k, 0);
-          g.connect(u, gather, EdgeKind::Data, g.nodes[gather].bytes, params);
+  for (size_t s = 0; s < stages; ++s) {
+    const StageFacts& st = g.facts.stages[s];
+    const Replication& rep = st.replication;
+    if (rep.axis < 0) continue;
+    const int64_t elem = st.dense.empty() ? 4 : dtype_bytes(c.manifest.regions[static_cast<size_t>(st.dense.front().region)].params[static_cast<size_t>(st.dense.front().index)].dtype);
+    const NodeId u = update[s];
+    const GroupId ranks = g.nodes[static_cast<size_t>(u)].ranks;
+    const int32_t chunk = g.nodes[static_cast<size_t>(u)].chunk;
+    auto collective = [&](Op op, Payload what, int32_t mb, int32_t k, int64_t bytes, uint8_t flags) {
+      return g.add(Node{.op = op, .payload = what, .flags = flags, .stream = rep.stream, .stage = int32_t(s),
+                        .microbatch = mb, .chunk = chunk, .bucket = k, .ranks = ranks, .axis = rep.axis, .bytes = bytes});
+    };
+    auto range_of = [&](NodeId v) { return g.segment_of(g.nodes[static_cast<size_t>(v)]).dense; };
+    // The gradients reach the update through the reductions now, not directly.
+    for (Edge& e : g.edges)
+      if (e.dst == u && e.kind == EdgeKind::Data && e.label == grads) e.kind = EdgeKind::Dead;
+    // Producers of a bucket's gradients: the B (or BW, where split) pieces over its range.
+    auto producers = [&](const Range& b, int32_t mb) {
+      std::vector<NodeId> out;
+      for (NodeId v : chunks[s]) {
+        const Node& n = g.nodes[static_cast<size_t>(v)];
+        if ((n.op == Op::B || n.op == Op::BW) && (mb < 0 || n.microbatch == mb) && overlaps(range_of(v), b))
+          out.push_back(v);
+      }
+      return out;
+    };
+    for (int32_t k = 0; k < int32_t(rep.buckets.size()); ++k) {
+      const Range& b = rep.buckets[static_cast<size_t>(k)];
+      const int64_t bytes = b.size() * elem;
+      if (rep.zero <= 1) {
+        NodeId red = collective(rep.zero == 0 ? Op::AllReduce : Op::ReduceScatter, Payload::Grad, -1, k, bytes, kBackward);
+        for (NodeId v : producers(b, -1)) g.connect(v, red, EdgeKind::Data, bytes, grads);
+        g.connect(red, u, EdgeKind::Data, bytes, grads);
+      } else {
+        for (int32_t mb = 0; mb < int32_t(g.facts.microbatches); ++mb) {
+          auto from = producers(b, mb);
+          if (from.empty()) continue;
+          NodeId red = collective(Op::ReduceScatter, Payload::Grad, mb, k, bytes, kBackward | kShardGrads);
+          for (NodeId v : from) g.connect(v, red, EdgeKind::Data, bytes, grads);
+          g.connect(red, u, EdgeKind::Data, bytes, grads);
         }
       }
-      if (rep->zero == 3) {
-        // Materialize before each use, free after: one gather per microbatch and direction.
-        std::map<std::pair<int32_t, bool>, std::vector<NodeId>> gathers;
-        for (NodeId v : chunks[s]) {
-          const int32_t mb = g.nodes[v].microbatch;  // copies: collective() grows g.nodes
-          const bool backward = g.nodes[v].op != Op::F;
-          auto [it, fresh] = gathers.emplace(std::make_pair(mb, backward), std::vector<NodeId>{});
-          if (fresh)
-            for (int32_t k = 0; k < buckets; ++k)
-              it->second.push_back(collective(Op::AllGather, Payload::Param, mb, k,
-                                              kMaterialize | (backward ? kBackward : 0)));
-          for (NodeId gather : it->second) g.connect(gather, v, EdgeKind::Data, g.nodes[gather].bytes, params);
-          g.nodes[v].flags |= kFreeParams;
+      if (rep.zero == 1 || rep.zero == 2) {
+        NodeId gather = collective(Op::AllGather, Payload::Param, -1, k, bytes, 0);
+        g.connect(u, gather, EdgeKind::Data, bytes, params);
+      }
+    }
+    if (rep.zero != 3) continue;
+    // ZeRO-3: per microbatch and direction, each unit gathered for the pieces that use it.
+    // Pieces by (microbatch, backward?) in the order they run: forward by segment, backward reversed.
+    std::map<std::pair<int32_t, bool>, std::map<int16_t, std::vector<NodeId>>> tasks;
+    for (NodeId v : chunks[s]) {
+      const Node& n = g.nodes[static_cast<size_t>(v)];
+      tasks[{n.microbatch, n.op != Op::F}][n.segment].push_back(v);
+    }
+    for (auto& [key, pieces] : tasks) {
+      const bool backward = key.second;
+      std::vector<int16_t> order;
+      for (auto& [seg, _] : pieces) order.push_back(seg);
+      if (backward) std::reverse(order.begin(), order.end());
+      for (size_t j = 0; j < order.size(); ++j) {
+        const auto& users = pieces[order[j]];
+        const Range piece = range_of(users.front());
+        for (int32_t k = 0; k < int32_t(rep.units.size()); ++k) {
+          const Range& unit = rep.units[static_cast<size_t>(k)];
+          if (!overlaps(unit, piece)) continue;
+          const int64_t bytes = unit.size() * elem;
+          NodeId gather = collective(Op::AllGather, Payload::Param, key.first, k, bytes,
+                                     kMaterialize | (backward ? kBackward : 0));
+          for (NodeId v : users) {
+            g.connect(gather, v, EdgeKind::Data, bytes, params);
+            g.nodes[static_cast<size_t>(v)].flags |= kFreeParams;
+          }
+          // One unit of prefetch: gathered while the piece before its consumer runs, so it waits
+          // for the piece before that one (temporal: no data flows).
+          if (j >= 2)
+            for (NodeId v : pieces[order[j - 2]]) g.connect(v, gather, EdgeKind::Temporal, 0);
         }
       }
     }

@@ -1,7 +1,7 @@
 // Pass 6, shard: expert parallelism. Each sharded list (a layer's experts) was cut into a piece of
 // its own by build; now every microbatch's tokens reach it by an all-to-all dispatch and leave by
-// an all-to-all combine, in the forward and (mirrored) in the backward. Each rank of the axis holds
-// members/axis of the list, so the expert piece touches only that share of the parameters.
+// an all-to-all combine, in the forward and (mirrored) in the backward. Which rank holds which
+// members build recorded in the stage facts (contiguous blocks over the axis).
 #include "ir/pass.h"
 
 namespace piper::ir {
@@ -12,25 +12,18 @@ void shard_pass(LowerContext& c) {
   for (const auto& d : c.strategy.directives) {
     const auto* sh = std::get_if<ShardDirective>(&d.body);
     if (!sh) continue;
-    int32_t axis = c.axis_index(sh->axis);
-    int64_t ways = c.strategy.axis_size(sh->axis);
-    StreamId stream = g.stream(sh->stream.empty() ? "comm" : sh->stream);
+    const int32_t axis = c.axis_index(sh->axis);
+    const StreamId stream = g.stream(sh->stream.empty() ? "comm" : sh->stream);
     auto is_expert_piece = [&](const Node& n) {
       if (n.segment < 0) return false;
-      RegionId list = c.segments[static_cast<size_t>(n.stage)][static_cast<size_t>(n.segment)].sharded;
+      RegionId list = g.segment_of(n).sharded;
       return list >= 0 && std::find(sh->regions.begin(), sh->regions.end(), list) != sh->regions.end();
     };
     auto a2a_bytes = [&](const Node& n) {
-      RegionId list = c.segments[static_cast<size_t>(n.stage)][static_cast<size_t>(n.segment)].sharded;
+      RegionId list = g.segment_of(n).sharded;
       const Region& first = c.manifest.regions[static_cast<size_t>(c.manifest.regions[static_cast<size_t>(list)].children.front())];
       return c.activation_bytes(first.input);
     };
-    for (Node& n : g.nodes)
-      if (is_chunk(n.op) && n.op != Op::U && is_expert_piece(n)) {
-        // Each rank holds members/ways experts; its tokens' expert work is spread the same way.
-        n.bytes /= ways;
-      }
-
     // Activations into an expert piece are dispatched; activations out of it are combined. The
     // backward mirrors it: gradients into the piece come back through the combine's transpose.
     const size_t n_edges = g.edges.size();
@@ -45,9 +38,10 @@ void shard_pass(LowerContext& c) {
       bool backward = edge.label == grad;
       // Forward: dispatch in, combine out. Backward: combine's transpose in, dispatch's out.
       Payload what = (into != backward) ? Payload::Dispatch : Payload::Combine;
-      Node a2a{Op::AllToAll, what, uint8_t(backward ? kBackward : 0), stream, piece.segment, piece.stage,
-               piece.microbatch, piece.chunk, -1, -1, piece.ranks, axis, a2a_bytes(piece)};
-      NodeId x = g.add(a2a);
+      NodeId x = g.add(Node{.op = Op::AllToAll, .payload = what, .flags = uint8_t(backward ? kBackward : 0),
+                            .stream = stream, .segment = piece.segment, .stage = piece.stage,
+                            .microbatch = piece.microbatch, .chunk = piece.chunk, .ranks = piece.ranks, .axis = axis,
+                            .bytes = a2a_bytes(piece)});
       g.edges[e].kind = EdgeKind::Dead;
       g.connect(edge.src, x, EdgeKind::Data, edge.bytes, edge.label);
       g.connect(x, edge.dst, EdgeKind::Data, edge.bytes, edge.label);

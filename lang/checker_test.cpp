@@ -22,7 +22,7 @@ TEST_CASE("contiguous placement cuts the pipeline into pp stages, embed and head
   Front f;
   auto s = f.check("mesh pp = 4;\nplace layers[*] over pp;\nplace embed on pp = 0;\nplace head on pp = 3;\n");
   REQUIRE_MESSAGE(s, f.errors());
-  CHECK(s->world == 4);
+  CHECK(s->mesh.world() == 4);
   CHECK(s->pipeline_axis == "pp");
   CHECK(stage_text(*s, f.manifest) == std::vector<std::string>{"embed, layers[0..1]@0.0", "layers[2..3]@1.0",
                                                                "layers[4..5]@2.0", "layers[6..7], head@3.0"});
@@ -68,9 +68,9 @@ TEST_CASE("composing 1f1b with zero3 unions the meshes and keeps every directive
   cmd.sets = {"pp=4", "dp=2"};
   auto s = f.check("use \"1f1b.piper\";\nuse \"zero3.piper\";\n", cmd);
   REQUIRE_MESSAGE(s, f.errors());
-  REQUIRE(s->mesh.size() == 2);
-  CHECK(s->mesh[0].name == "pp");
-  CHECK(s->mesh[1].name == "dp");
+  REQUIRE(s->mesh.axes().size() == 2);
+  CHECK(s->mesh.axes()[0].name == "pp");
+  CHECK(s->mesh.axes()[1].name == "dp");
   auto reps = directives_of<ReplicateDirective>(*s);
   REQUIRE(reps.size() == 1);
   CHECK(reps[0]->zero == 3);
@@ -136,7 +136,7 @@ TEST_CASE("the world size: --np decides, mesh must match, and `world` needs it")
   auto s = f.check("mesh pp = 2, dp = world / 2;\nplace * over pp;\nreplicate * over dp;\n", cmd);
   REQUIRE_MESSAGE(s, f.errors());
   CHECK(s->axis_size("dp") == 4);
-  CHECK(s->world == 8);
+  CHECK(s->mesh.world() == 8);
 
   Front g;
   CHECK(!g.check("mesh dp = world;\nreplicate * over dp;\n"));

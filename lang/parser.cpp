@@ -10,6 +10,7 @@
 #include "PiperParser.h"
 #include "antlr4-runtime.h"
 #include "lang/internal_error.h"
+#include "lang/units.h"
 
 namespace piper {
 namespace {
@@ -314,8 +315,7 @@ class Builder {
       std::string text = p->SIZE()->getText();
       size_t digits = text.find_first_not_of("0123456789");
       std::string unit = text.substr(digits);
-      int64_t scale = unit == "KB" ? 1000 : unit == "MB" ? 1000'000 : unit == "GB" ? 1000'000'000
-                    : unit == "KiB" ? 1024 : unit == "MiB" ? 1 << 20 : int64_t{1} << 30;
+      const int64_t scale = size_unit(unit);  // the grammar admits only units it knows
       auto e = make(K::Int, c);
       e->int_value = parse_int(text.substr(0, digits), scale, e->loc);
       return e;

@@ -5,26 +5,18 @@
 
 #include <map>
 
-namespace piper {
+#include "lang/units.h"
 
-namespace {
-std::string human_bytes(int64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) v /= 1024, ++u;
-  return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.1f} {}", v, units[u]);
-}
-}  // namespace
+namespace piper {
 
 std::string strategy_report(const CheckedStrategy& s, const Manifest& m) {
   std::string out;
   std::vector<std::string> axes;
-  for (const auto& a : s.mesh) axes.push_back(fmt::format("{}={}", a.name, a.size));
+  for (const auto& a : s.mesh.axes()) axes.push_back(fmt::format("{}={}", a.name, a.size));
   out += fmt::format("  model      {} ({} regions, {} parameters, {})\n",
                      m.model_name.empty() ? "(unnamed)" : m.model_name, m.regions.size() - 1,
-                     m.param_count(0), human_bytes(m.param_bytes(0)));
-  out += fmt::format("  world      {} rank{}, mesh {}\n", s.world, s.world == 1 ? "" : "s",
+                     m.param_count(0), human_bytes(double(m.param_bytes(0))));
+  out += fmt::format("  world      {} rank{}, mesh {}\n", s.mesh.world(), s.mesh.world() == 1 ? "" : "s",
                      axes.empty() ? "(none: one device)" : fmt::format("{}", fmt::join(axes, " × ")));
   if (!s.params.empty()) {
     std::vector<std::string> ps;
@@ -39,7 +31,7 @@ std::string strategy_report(const CheckedStrategy& s, const Manifest& m) {
     int64_t bytes = 0;
     for (RegionId r : st.regions) bytes += m.param_bytes(r);
     out += fmt::format("    {:>3}  {}={} chunk {}  {}  ({})\n", i, s.pipeline_axis.empty() ? "rank" : s.pipeline_axis,
-                       st.coord, st.chunk, print_regions(st.regions, m), human_bytes(bytes));
+                       st.coord, st.chunk, print_regions(st.regions, m), human_bytes(double(bytes)));
   }
   std::map<std::string, int> counts;
   for (const auto& d : s.directives)
@@ -60,7 +52,7 @@ std::string strategy_report(const CheckedStrategy& s, const Manifest& m) {
     if (const auto* r = std::get_if<ReplicateDirective>(&d.body))
       out += fmt::format("    replicate {} over {}={}{}{}\n", print_regions(r->regions, m), r->axis,
                          s.axis_size(r->axis), r->zero ? fmt::format(", ZeRO-{}", r->zero) : ", plain all-reduce",
-                         r->bucket_bytes ? ", buckets of " + human_bytes(r->bucket_bytes) : "");
+                         r->bucket_bytes ? ", buckets of " + human_bytes(double(r->bucket_bytes)) : "");
     if (const auto* sh = std::get_if<ShardDirective>(&d.body))
       out += fmt::format("    shard {} over {}={}\n", print_regions(sh->regions, m), sh->axis, s.axis_size(sh->axis));
   }

@@ -18,12 +18,6 @@ const char* task_kind_name(TaskKind k) {
   return "?";
 }
 
-int64_t CheckedStrategy::axis_size(std::string_view axis) const {
-  for (const auto& a : mesh)
-    if (a.name == axis) return a.size;
-  return 1;
-}
-
 std::string print_regions(const std::vector<RegionId>& regions, const Manifest& m) {
   // Each region as (list, index, rest): layers[3].moe.experts is (layers, 3, ".moe.experts").
   // Runs with the same list and rest over consecutive indices print as one range or [*].
@@ -82,8 +76,8 @@ std::string task_text(const Task& t) {
 }  // namespace
 
 std::string print_strategy(const CheckedStrategy& s, const Manifest& m) {
-  std::string out = fmt::format("# checked strategy: {} rank{}, {} stage{}, {} microbatch{}\n", s.world,
-                                s.world == 1 ? "" : "s", s.stages.size(), s.stages.size() == 1 ? "" : "s",
+  std::string out = fmt::format("# checked strategy: {} rank{}, {} stage{}, {} microbatch{}\n", s.mesh.world(),
+                                s.mesh.world() == 1 ? "" : "s", s.stages.size(), s.stages.size() == 1 ? "" : "s",
                                 s.microbatches, s.microbatches == 1 ? "" : "es");
   if (!s.params.empty()) {
     std::vector<std::string> ps;
@@ -92,7 +86,7 @@ std::string print_strategy(const CheckedStrategy& s, const Manifest& m) {
   }
   if (!s.mesh.empty()) {
     std::vector<std::string> axes;
-    for (const auto& a : s.mesh) axes.push_back(fmt::format("{} = {}", a.name, a.size));
+    for (const auto& a : s.mesh.axes()) axes.push_back(fmt::format("{} = {}", a.name, a.size));
     out += fmt::format("mesh {};\n", fmt::join(axes, ", "));
   }
   if (!s.streams.empty()) out += fmt::format("stream {};\n", fmt::join(s.streams, ", "));

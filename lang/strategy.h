@@ -8,15 +8,10 @@
 
 #include "lang/diagnostic.h"
 #include "lang/manifest.h"
+#include "lang/mesh.h"
 #include "lang/source.h"
 
 namespace piper {
-
-struct MeshAxis {
-  std::string name;
-  int64_t size = 1;
-  SourceLoc loc;
-};
 
 enum class TaskKind { Fwd, Bwd, BwdInput, BwdWeight };
 const char* task_kind_name(TaskKind k);  // fwd, bwd, bwd_input, bwd_weight
@@ -89,8 +84,7 @@ struct Stage {
 inline constexpr const char* kBuiltinStreams[] = {"compute", "comm"};
 
 struct CheckedStrategy {
-  int64_t world = 1;
-  std::vector<MeshAxis> mesh;  // declaration order; the first axis varies slowest over ranks
+  Mesh mesh;  // its axes in declaration order, and the world
   std::vector<std::string> streams;
   std::vector<std::pair<std::string, int64_t>> params;  // final values, first declaration order
   int64_t microbatches = 1;
@@ -98,7 +92,12 @@ struct CheckedStrategy {
   std::vector<Stage> stages;  // at least one
   std::vector<Directive> directives;  // source order, loops unrolled, uses inlined
 
-  int64_t axis_size(std::string_view axis) const;  // 1 for an axis not in the mesh
+  int64_t axis_size(std::string_view axis) const { return mesh.size(axis); }  // 1 for an axis not in the mesh
+  int pipeline_axis_index() const { return mesh.index(pipeline_axis); }  // -1 without a pipeline
+  int64_t replicas() const { return mesh.replicas(pipeline_axis_index()); }
+  int64_t samples_per_microbatch(int64_t global_batch) const {
+    return mesh.samples_per_microbatch(global_batch, pipeline_axis_index(), microbatches);
+  }
 };
 
 // Canonical text: a strategy file that checks back to the same records.

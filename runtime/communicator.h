@@ -2,6 +2,7 @@
 // an MPI backend (mpi_communicator.cpp) and an in-process fake (threads as ranks) for tests.
 #pragma once
 #include <cstddef>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,7 +26,7 @@ class Communicator {
   // ZeRO's halves of an all-reduce. `offsets` (group size + 1 entries) split the n elements among the
   // members in group order. reduce_scatter_sum: sum `in` (n elements) over the group; member j gets
   // elements [offsets[j], offsets[j+1]) in `out`. all_gather: member j contributes those elements
-  // (`in`); everyone gets all n in `out`.
+  // (`in`, or nullptr when they already sit in place in `out`); everyone gets all n in `out`.
   virtual void reduce_scatter_sum(const float* in, float* out, const std::vector<size_t>& offsets,
                                   const std::vector<int>& group, int channel) = 0;
   virtual void all_gather(const float* in, float* out, const std::vector<size_t>& offsets, const std::vector<int>& group,
@@ -33,7 +34,10 @@ class Communicator {
   // Declares a group before its first collective, so a backend can build its communicator up front
   // (every member declares its groups in the same sorted order, from one thread).
   virtual void prepare_group(const std::vector<int>& group, int channel) {}
-  // Ends the whole job (all ranks) after a fatal error on this one.
+  // The largest message tag send/recv accept.
+  virtual int max_tag() const { return std::numeric_limits<int>::max(); }
+  // Ends the whole job (all ranks) after a fatal error on this one, at once: peers blocked in a
+  // send, receive or collective do not wait for it.
   [[noreturn]] virtual void abort(const std::string& why) = 0;
 };
 

@@ -8,7 +8,9 @@
 
 #include "runtime/communicator.h"
 #include "runtime/data.h"
-#include "runtime/plan.h"
+#include "runtime/memory_counter.h"
+#include "runtime/stream_threads.h"
+#include "scheduler/plan.h"
 
 namespace piper::runtime {
 
@@ -20,15 +22,11 @@ struct ExecutorOptions {
   int64_t seq_len = 0;              // tokens per sample; 0: the model's (at most the model's)
 };
 
-struct OpSpan {  // what ran, for the trace
-  std::string token, stream;
-  double start = 0, end = 0;  // seconds since the step began
-};
-
 struct StepResult {
   double loss = 0;     // mean over the global batch (the same number on every rank)
   double seconds = 0;
   std::vector<OpSpan> ops;
+  MemoryStats memory;  // this rank's tensor storage during the step (when the memory counter is installed)
 };
 
 // LibTorch's intra-op threads for this process (ranks sharing cores want 1 each).
@@ -37,15 +35,15 @@ void set_intra_op_threads(int n);
 class Executor {
  public:
   // Throws std::runtime_error when the plan needs something this runtime does not execute yet.
-  Executor(const Plan& plan, const std::string& model_path, const TokenData& data, Communicator& comm,
+  Executor(const sched::Plan& plan, const std::string& model_path, const TokenData& data, Communicator& comm,
            ExecutorOptions options);
   ~Executor();
   StepResult step(int64_t step);
   // Sum and sum of squares of every model parameter (each counted once across replicas), the same
   // on every rank: compared with the reference trainer's to show the final weights agree.
   std::pair<double, double> param_checksum();
-  // Kinds of DAG nodes this executor cannot run; empty when the plan is supported.
-  static std::vector<std::string> unsupported(const Plan& plan);
+  // What of the plan this executor cannot run; empty when the plan is supported.
+  static std::vector<std::string> unsupported(const sched::Plan& plan);
 
   struct Impl;
 

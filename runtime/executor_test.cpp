@@ -40,14 +40,20 @@ std::string tiny_moe() {
 }
 
 // The single-device oracle: whole-model forward, cross-entropy, AdamW — as piper-train-ref does.
-std::vector<double> reference(int steps, int64_t batch, const std::string& path = tiny_model()) {
+std::vector<double> reference(int steps, int64_t batch, const std::string& path = tiny_model(),
+                              const std::string& optimizer = "adamw") {
   auto model = torch::jit::load(path);
   std::vector<torch::Tensor> params;
   for (auto p : model.parameters()) {
     p.set_requires_grad(true);
     params.push_back(p);
   }
-  torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-3).weight_decay(0.0));
+  std::unique_ptr<torch::optim::Optimizer> opt_ptr;
+  if (optimizer == "adamw")
+    opt_ptr = std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3).weight_decay(0.0));
+  else
+    opt_ptr = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(1e-1));
+  auto& opt = *opt_ptr;
   TokenData data(kData);
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) {
@@ -65,13 +71,14 @@ std::vector<double> reference(int steps, int64_t batch, const std::string& path 
 
 // Every rank of the plan as a thread with its own executor and an in-process communicator.
 std::vector<double> distributed(const std::string& strategy, std::vector<std::string> sets, int world, int steps,
-                                int64_t batch, const std::string& model = tiny_model()) {
-  CommandLine cmd;
-  cmd.np = world;
-  cmd.sets = std::move(sets);
-  cmd.search_path = default_search_path();
+                                int64_t batch, const std::string& model = tiny_model(), const std::string& optimizer = "adamw") {
+  sched::PlanOptions opt;
+  opt.cmd.np = world;
+  opt.cmd.sets = std::move(sets);
+  opt.cmd.batch_size = batch;
+  opt.cmd.search_path = default_search_path();
   std::string errors;
-  auto plan = compile_plan(model, std::string(PIPER_STRATEGY_DIR) + "/" + strategy, cmd, &errors);
+  auto plan = sched::compile_plan(model, std::string(PIPER_STRATEGY_DIR) + "/" + strategy, opt, &errors);
   REQUIRE_MESSAGE(plan, errors);
   auto comms = make_fake_world(world);
   TokenData data(kData);
@@ -81,7 +88,8 @@ std::vector<double> distributed(const std::string& strategy, std::vector<std::st
   for (int r = 0; r < world; ++r)
     ranks.emplace_back([&, r] {
       try {
-        Executor ex(*plan, model, data, *comms[static_cast<size_t>(r)], ExecutorOptions{batch, 1e-3, "adamw", 0});
+        Executor ex(*plan, model, data, *comms[static_cast<size_t>(r)],
+                    ExecutorOptions{batch, optimizer == "adamw" ? 1e-3 : 1e-1, optimizer, 0});
         for (int s = 0; s < steps; ++s) losses[static_cast<size_t>(r)].push_back(ex.step(s).loss);
       } catch (const std::exception& e) {
         failures[static_cast<size_t>(r)] = e.what();
@@ -148,4 +156,19 @@ TEST_CASE("in-process expert parallelism trains to the single-device losses: EP 
   SUBCASE("dualpipev pp=2 x ep=2") {
     same_losses(distributed("dualpipev_ep.piper", {"pp=2", "mb=4", "ep=2"}, 4, steps, batch, tiny_moe()), want);
   }
+  SUBCASE("ep=2 x ZeRO-1, ZeRO-2, ZeRO-3 over the same axis") {
+    for (int zero : {1, 2, 3}) {
+      CAPTURE(zero);
+      same_losses(distributed("../tests/strategies/ep2_zero.piper", {fmt::format("z={}", zero), "mb=2"}, 2, steps,
+                              batch, tiny_moe()),
+                  want);
+    }
+  }
+}
+
+TEST_CASE("expert gradients are the global batch's: SGD (not scale-invariant like AdamW) agrees too") {
+  torch::set_num_threads(1);
+  auto want = reference(4, 8, tiny_moe(), "sgd");
+  same_losses(distributed("../tests/strategies/ep2.piper", {}, 2, 4, 8, tiny_moe(), "sgd"), want);
+  same_losses(distributed("dualpipev_ep.piper", {"pp=2", "mb=4", "ep=2"}, 4, 4, 8, tiny_moe(), "sgd"), want);
 }

@@ -35,6 +35,12 @@ class MpiCommunicator : public Communicator {
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  int max_tag() const override {
+    void* value = nullptr;
+    int found = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &found);
+    return found ? *static_cast<int*>(value) : 32767;  // 32767: the least the MPI standard guarantees
+  }
 
   void send(const void* data, size_t bytes, int peer, int tag) override {
     check(MPI_Send(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, p2p_), "Send");
@@ -86,6 +92,11 @@ class MpiCommunicator : public Communicator {
     int me = 0;
     MPI_Comm c = comm(group, channel);
     MPI_Comm_rank(c, &me);
+    if (!in) {  // this member's part already sits in place in `out`
+      check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, counts.data(), displs.data(), MPI_FLOAT, c),
+            "Allgatherv");
+      return;
+    }
     check(MPI_Allgatherv(in, counts[static_cast<size_t>(me)], MPI_FLOAT, out, counts.data(), displs.data(), MPI_FLOAT, c),
           "Allgatherv");
   }

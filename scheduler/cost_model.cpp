@@ -86,14 +86,14 @@ std::optional<UnitCosts> parse_unit_costs(const std::string& spec, std::string* 
   return c;
 }
 
-double CostModel::cost(const ir::Node& n, int64_t group_size) const {
+double CostModel::cost(const ir::Node& n, int64_t group_size, double share) const {
   using ir::Op;
   if (unit_) {
     switch (n.op) {
-      case Op::F: return unit_->F;
-      case Op::B: return unit_->B;
-      case Op::BI: return unit_->B - unit_->W;
-      case Op::BW: return unit_->W;
+      case Op::F: return unit_->F * share;
+      case Op::B: return unit_->B * share;
+      case Op::BI: return (unit_->B - unit_->W) * share;
+      case Op::BW: return unit_->W * share;
       case Op::U: return unit_->update;
       case Op::Recv: return 0;  // the transfer is charged to the send
       default: return unit_->comm;

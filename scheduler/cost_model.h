@@ -44,8 +44,10 @@ class CostModel {
     m.samples_ = samples;
     return m;
   }
-  // Seconds (or units) for one node; `group_size` is the number of ranks along a collective's axis.
-  double cost(const ir::Node& n, int64_t group_size) const;
+  // Seconds (or units) for one node; `group_size` is the number of ranks along a collective's axis;
+  // `share` is a chunk's part of its stage's work (a piece's FLOPs over the stage's), since unit
+  // costs are per whole stage.
+  double cost(const ir::Node& n, int64_t group_size, double share = 1) const;
   // An overlapped group's duration given its members' costs.
   double overlap(double sum_of_members) const { return unit_ && unit_->FB ? *unit_->FB : sum_of_members; }
   bool is_unit() const { return unit_.has_value(); }

@@ -9,18 +9,12 @@
 #include <numeric>
 
 #include "ir/emit.h"
+#include "lang/units.h"
 
 namespace piper::sched {
 
 using ir::Node;
 using ir::Op;
-
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.2f} {}", b, units[u]);
-}
 
 namespace {
 
@@ -43,7 +37,8 @@ bool compute(const Node& n) { return ir::is_chunk(n.op); }
 }  // namespace
 
 std::string emit_schedule(const ir::Graph& g, const Schedule& s) {
-  std::string out = fmt::format("# per rank and stream, the order each runs; `wait` lists events from other streams\n");
+  std::string out = fmt::format("# per rank and stream, the order each runs; `wait` lists events from other streams, "
+                                "`after` the op a just-in-time gather waits for\n");
   for (size_t c : class_order(s)) {
     const auto& cls = s.classes[c];
     out += fmt::format("rank {}\n", ir::rank_list(cls.ranks));
@@ -56,6 +51,11 @@ std::string emit_schedule(const ir::Graph& g, const Schedule& s) {
           std::vector<std::string> names;
           for (ir::NodeId u : w) names.push_back(ir::token(g.nodes[static_cast<size_t>(u)]));
           t += fmt::format("[wait {}]", fmt::join(names, ","));
+        }
+        if (static_cast<size_t>(v) < s.issue_after.size() && !s.issue_after[static_cast<size_t>(v)].empty()) {
+          std::vector<std::string> names;
+          for (ir::NodeId u : s.issue_after[static_cast<size_t>(v)]) names.push_back(ir::token(g.nodes[static_cast<size_t>(u)]));
+          t += fmt::format("[after {}]", fmt::join(names, ","));
         }
         ops.push_back(std::move(t));
       }

@@ -10,8 +10,6 @@
 
 namespace piper::sched {
 
-std::string human_bytes(double bytes);  // 1.50 GiB
-
 std::string emit_schedule(const ir::Graph& g, const Schedule& s);
 std::string emit_torch_csv(const ir::Graph& g, const Schedule& s);
 std::string emit_trace(const ir::Graph& g, const Schedule& s, bool unit_costs);

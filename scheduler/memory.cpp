@@ -29,28 +29,24 @@ int64_t input_bytes(const Manifest& m, RegionId r) {
 }
 }  // namespace
 
-std::vector<MemoryUse> memory_use(const ir::Graph& g, const Schedule& s, const CheckedStrategy& strategy,
-                                  const Manifest& m, int64_t samples) {
-  const size_t stages = strategy.stages.size();
-  // Per stage: parameter bytes on one rank (forward pieces of microbatch 0), ZeRO stage and degree.
+std::vector<MemoryUse> memory_use(const ir::Graph& g, const Schedule& s, const Manifest& m) {
+  const auto& facts = g.facts.stages;
+  const size_t stages = facts.size();
+  const int64_t samples = g.facts.samples_per_microbatch;
+  // Per stage: parameter bytes on one rank (its pieces), ZeRO stage and degree.
   std::vector<int64_t> params(stages, 0);
   std::vector<int> zero(stages, 0);
   std::vector<int64_t> ways(stages, 1);
-  for (const Node& n : g.nodes) {
-    if (n.op == Op::F && n.microbatch == 0) params[static_cast<size_t>(n.stage)] += n.bytes;
-    int z = n.op == Op::AllGather && n.microbatch >= 0 ? 3
-          : n.op == Op::ReduceScatter && n.microbatch >= 0 ? 2
-          : n.op == Op::ReduceScatter ? 1 : 0;
-    if (z > zero[static_cast<size_t>(n.stage)]) {
-      zero[static_cast<size_t>(n.stage)] = z;
-      ways[static_cast<size_t>(n.stage)] = strategy.mesh[static_cast<size_t>(n.axis)].size;
-    }
+  for (size_t st = 0; st < stages; ++st) {
+    for (const auto& seg : facts[st].segments) params[st] += seg.param_bytes;
+    zero[st] = facts[st].replication.zero;
+    ways[st] = facts[st].replication.ways;
   }
   // Per stage: activations one microbatch keeps between its forward and backward.
   std::vector<int64_t> act(stages, 0), recomputed(stages, 0);
   for (size_t st = 0; st < stages; ++st)
-    for (RegionId r : strategy.stages[st].regions) act[st] += saved_bytes(m, r) * samples;
-  for (size_t st = 0; st < stages; ++st) recomputed[st] = input_bytes(m, strategy.stages[st].regions.front()) * samples;
+    for (RegionId r : facts[st].regions) act[st] += saved_bytes(m, r) * samples;
+  for (size_t st = 0; st < stages; ++st) recomputed[st] = input_bytes(m, facts[st].regions.front()) * samples;
 
   std::vector<int32_t> stage_class(stages, -1);
   for (size_t v = 0; v < g.nodes.size(); ++v)

@@ -6,7 +6,6 @@
 
 #include "ir/graph.h"
 #include "lang/manifest.h"
-#include "lang/strategy.h"
 #include "scheduler/schedule.h"
 
 namespace piper::sched {
@@ -17,8 +16,7 @@ struct MemoryUse {
   int64_t peak() const { return params + grads + optimizer + peak_dynamic; }
 };
 
-// One entry per schedule class. `samples` is the number of samples in a microbatch.
-std::vector<MemoryUse> memory_use(const ir::Graph& g, const Schedule& s, const CheckedStrategy& strategy,
-                                  const Manifest& m, int64_t samples);
+// One entry per schedule class, from the plan's facts (ir/facts.h) and the manifest's activation shapes.
+std::vector<MemoryUse> memory_use(const ir::Graph& g, const Schedule& s, const Manifest& m);
 
 }  // namespace piper::sched

@@ -7,7 +7,6 @@
 
 #include "ir/graph.h"
 #include "lang/diagnostic.h"
-#include "lang/strategy.h"
 #include "scheduler/cost_model.h"
 
 namespace piper::sched {
@@ -29,21 +28,21 @@ struct Schedule {
   std::vector<int32_t> node_class;               // node -> class
   std::vector<double> start, finish;             // simulated, per node
   std::vector<std::vector<ir::NodeId>> waits;    // per node: predecessors on another stream of its class (events)
+  // Per node: ops it must also wait for although no edge says so — a just-in-time ZeRO-3 gather
+  // waits for the op that precedes its consumer on the compute stream, so it is issued only when
+  // that consumer is next (the executor and the deadlock check honour these like edges).
+  std::vector<std::vector<ir::NodeId>> issue_after;
   double step_time = 0;
   int32_t class_of_rank(int32_t rank) const;
-};
-
-struct ScheduleOptions {
-  std::vector<int64_t> axis_sizes;  // mesh axis sizes, for collective costs
 };
 
 // List-schedules the DAG over every (class, stream), simulating as it goes. Among ready ops of a
 // stream it picks the earliest simulated start; ties go to, in turn: communication, then backward
 // (B, BI), then forward, then weight gradients (BW, which fill bubbles), then updates; then the
 // lower microbatch, the lower stage, the lower node id. Reports a stall (e.g. tasks ordered to
-// overlap that depend on each other) as a deadlock and returns nothing.
-std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, const ScheduleOptions& options,
-                                 DiagnosticEngine& diags, const CheckedStrategy& strategy);
+// overlap that depend on each other) as a deadlock, located at the order that asked for the
+// overlap, and returns nothing.
+std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, DiagnosticEngine& diags);
 
 // The static deadlock check: runs every class's programs with blocking semantics (a send completes
 // only when its receive is posted, and vice versa; an op waits for its events). Returns the

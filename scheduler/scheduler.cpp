@@ -40,8 +40,7 @@ struct Unit {  // what is scheduled at once: one node, or an overlap group's mem
 
 }  // namespace
 
-std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, const ScheduleOptions& options,
-                                 DiagnosticEngine& diags, const CheckedStrategy& strategy) {
+std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, DiagnosticEngine& diags) {
   const size_t n = g.nodes.size();
   Schedule s;
   s.node_class.assign(n, -1);
@@ -90,28 +89,48 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, con
   std::vector<double> free_at(resources.size(), 0);
   std::vector<bool> done(n, false);
   std::vector<std::vector<NodeId>> order(resources.size());
-
-  // ZeRO-3 gathers are issued just in time: once their consumer waits for nothing but gathers.
-  // Issued as soon as possible they would all start at once and hold every microbatch's full
-  // parameters together, which no real system does (it prefetches a bucket or two ahead).
+  // ZeRO-3 gathers without a predecessor (the first units of a forward or backward; later ones wait
+  // for the piece two before their consumer) are issued just in time: once their task's entry piece
+  // waits for nothing but gathers. Issued as soon as possible they would all start at once and hold
+  // every microbatch's parameters together, which no real system does.
   std::vector<int32_t> gathers_pending(n, 0);
   for (const ir::Edge& e : g.edges)
     if (g.nodes[static_cast<size_t>(e.src)].flags & ir::kMaterialize) ++gathers_pending[static_cast<size_t>(e.dst)];
-  auto consumers_waiting_only_on_gathers = [&](NodeId v) {
-    for (int32_t k = adj.out_offsets[static_cast<size_t>(v)]; k < adj.out_offsets[static_cast<size_t>(v) + 1]; ++k) {
-      size_t c = static_cast<size_t>(g.edges[static_cast<size_t>(adj.out_edges[static_cast<size_t>(k)])].dst);
-      if (pending[c] > gathers_pending[c]) return false;
-    }
-    return true;
-  };
+  std::map<std::tuple<int32_t, int32_t, bool>, NodeId> entry;  // (stage, microbatch, backward) -> first piece to run
+  for (size_t v = 0; v < n; ++v) {
+    const Node& x = g.nodes[v];
+    if (x.op != Op::F && x.op != Op::B && x.op != Op::BI) continue;
+    const bool back = x.op != Op::F;
+    auto [it, fresh] = entry.emplace(std::make_tuple(x.stage, x.microbatch, back), static_cast<NodeId>(v));
+    const int16_t cur = g.nodes[static_cast<size_t>(it->second)].segment;
+    if (!fresh && (back ? x.segment > cur : x.segment < cur)) it->second = static_cast<NodeId>(v);
+  }
+  std::vector<NodeId> anchor(n, -1);  // a just-in-time gather's entry piece
+  for (const ir::Edge& e : g.edges) {
+    const Node& x = g.nodes[static_cast<size_t>(e.src)];
+    if (!(x.flags & ir::kMaterialize) || adj.in_offsets[static_cast<size_t>(e.src) + 1] != adj.in_offsets[static_cast<size_t>(e.src)])
+      continue;
+    const Node& c = g.nodes[static_cast<size_t>(e.dst)];
+    if (auto it = entry.find({c.stage, c.microbatch, c.op != Op::F}); it != entry.end()) anchor[static_cast<size_t>(e.src)] = it->second;
+  }
+  s.issue_after.assign(n, {});
 
-  auto group_size = [&](const Node& x) -> int64_t {
-    return x.axis >= 0 && static_cast<size_t>(x.axis) < options.axis_sizes.size() ? options.axis_sizes[static_cast<size_t>(x.axis)] : 1;
-  };
+  auto group_size = [&](const Node& x) -> int64_t { return g.facts.mesh.size(x.axis); };
+  // A chunk's share of its stage's work: its piece's FLOPs over the stage's (evenly when unknown).
+  std::vector<double> share(n, 1.0);
+  for (size_t v = 0; v < n; ++v) {
+    const Node& x = g.nodes[v];
+    if (!ir::is_chunk(x.op) || x.op == Op::U || x.segment < 0) continue;
+    const auto& segs = g.stage(x.stage).segments;
+    int64_t total = 0;
+    for (const auto& sg : segs) total += sg.flops;
+    share[v] = total > 0 ? double(segs[static_cast<size_t>(x.segment)].flops) / double(total) : 1.0 / double(segs.size());
+  }
   // A candidate is schedulable when it (and every overlap partner) is ready.
   auto unit_of = [&](NodeId v) -> std::optional<Unit> {
     const Node& x = g.nodes[static_cast<size_t>(v)];
-    if ((x.flags & ir::kMaterialize) && !consumers_waiting_only_on_gathers(v)) return std::nullopt;
+    if (NodeId a = anchor[static_cast<size_t>(v)]; a >= 0 && pending[static_cast<size_t>(a)] > gathers_pending[static_cast<size_t>(a)])
+      return std::nullopt;
     if (x.overlap < 0) return Unit{{v}};
     Unit u{overlap.at(x.overlap)};
     for (NodeId m : u.nodes)
@@ -137,7 +156,12 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, con
         auto u = unit_of(v);
         if (!u) continue;
         double t = free_at[r];
-        for (NodeId m : u->nodes) t = std::max(t, ready_at[static_cast<size_t>(m)]);
+        for (NodeId m : u->nodes) {
+          t = std::max(t, ready_at[static_cast<size_t>(m)]);
+          if (NodeId a = anchor[static_cast<size_t>(m)]; a >= 0)  // it will wait for that op's end
+            if (const auto& before = order[static_cast<size_t>(resource[static_cast<size_t>(a)])]; !before.empty())
+              t = std::max(t, s.finish[static_cast<size_t>(before.back())]);
+        }
         const Node& x = g.nodes[static_cast<size_t>(v)];
         Best b{t, priority(x.op), x.microbatch, x.stage, v, static_cast<int32_t>(r)};
         if (!best || b < *best) best = b;
@@ -156,23 +180,28 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, con
           }
       std::sort(stuck.begin(), stuck.end());
       stuck.erase(std::unique(stuck.begin(), stuck.end()), stuck.end());
-      auto& d = diags.error(SourceLoc{}, fmt::format("the plan deadlocks: {} of {} tasks can never start", remaining, n));
+      // Locate the error at the order that asked for the first stuck overlap.
+      SourceLoc at;
+      for (size_t r = 0; r < resources.size() && !at.valid(); ++r)
+        for (NodeId v : ready[r])
+          if (int32_t o = g.nodes[static_cast<size_t>(v)].overlap; o >= 0 && size_t(o) < g.facts.overlap_locs.size()) {
+            at = g.facts.overlap_locs[static_cast<size_t>(o)];
+            break;
+          }
+      auto& d = diags.error(at, fmt::format("the plan deadlocks: {} of {} tasks can never start", remaining, n));
       for (size_t i = 0; i < std::min<size_t>(stuck.size(), 4); ++i)
         d.note(SourceLoc{}, "tasks ordered to overlap must start together, but one waits on the other: " + stuck[i]);
-      for (const auto& dir : strategy.directives)
-        if (const auto* o = std::get_if<OrderDirective>(&dir.body))
-          for (const auto& group : o->chain)
-            if (group.size() > 1) {
-              d.note(dir.loc, "an overlap (`||`) is ordered here");
-              return std::nullopt;
-            }
       return std::nullopt;
     }
     Unit u = *unit_of(best->node);
     double dur = 0;
-    for (NodeId m : u.nodes) dur += costs.cost(g.nodes[static_cast<size_t>(m)], group_size(g.nodes[static_cast<size_t>(m)]));
+    for (NodeId m : u.nodes) dur += costs.cost(g.nodes[static_cast<size_t>(m)], group_size(g.nodes[static_cast<size_t>(m)]), share[static_cast<size_t>(m)]);
     if (u.nodes.size() > 1) dur = costs.overlap(dur);
     const double start = best->est, finish = start + dur;
+    for (NodeId m : u.nodes)  // a just-in-time gather follows the op now last before its consumer
+      if (NodeId a = anchor[static_cast<size_t>(m)]; a >= 0)
+        if (const auto& before = order[static_cast<size_t>(resource[static_cast<size_t>(a)])]; !before.empty())
+          s.issue_after[static_cast<size_t>(m)].push_back(before.back());
     free_at[static_cast<size_t>(best->res)] = finish;
     auto& rlist = ready[static_cast<size_t>(best->res)];
     for (NodeId m : u.nodes) {
@@ -250,6 +279,9 @@ std::optional<std::string> find_deadlock(const ir::Graph& g, const Schedule& s) 
       }
       return -1;
     };
+    if (static_cast<size_t>(v) < s.issue_after.size())
+      for (NodeId u : s.issue_after[static_cast<size_t>(v)])
+        if (!done[static_cast<size_t>(u)]) return u;
     if (x.op == Op::Send || x.op == Op::Recv) {
       NodeId p = partner();
       if (p >= 0 && !done[static_cast<size_t>(p)] && !at_head(p)) return p;

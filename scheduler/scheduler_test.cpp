@@ -3,38 +3,19 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
-#include "ir/lower.h"
 #include "scheduler/emit.h"
 #include "scheduler/memory.h"
-#include "tests/lang_fixture.h"
+#include "tests/plan_fixture.h"
 
 using namespace piper;
 using namespace piper::sched;
-using piper::testing::Front;
+using piper::testing::Planner;
 
 namespace {
-struct Planned {
-  CheckedStrategy strategy;
-  ir::Graph dag;
-  Schedule schedule;
-};
+using Planned = Plan;
 
-Planned plan(Front& f, const std::string& text, std::vector<std::string> sets, UnitCosts costs = {}) {
-  CommandLine cmd;
-  cmd.sets = std::move(sets);
-  auto s = f.check(text, cmd);
-  REQUIRE_MESSAGE(s, f.errors());
-  ir::LowerOptions lo;
-  lo.verify_each = true;
-  auto g = ir::lower(*s, f.manifest, f.diags, lo);
-  REQUIRE_MESSAGE(g, f.errors());
-  ScheduleOptions so;
-  for (const auto& a : s->mesh) so.axis_sizes.push_back(a.size);
-  auto sch = schedule(*g, CostModel::unit(costs), so, f.diags, *s);
-  REQUIRE_MESSAGE(sch, f.errors());
-  auto hang = find_deadlock(*g, *sch);
-  CHECK_MESSAGE(!hang, hang.value_or(""));
-  return Planned{std::move(*s), std::move(*g), std::move(*sch)};
+Planned plan(Planner& f, const std::string& text, std::vector<std::string> sets, const std::string& costs = "") {
+  return f.plan(text, std::move(sets), costs);
 }
 
 // Idle time of every pipeline rank (all equal in these schedules) and the step time.
@@ -62,7 +43,7 @@ std::vector<std::string> compute_order(const Planned& p, int32_t rank) {
 TEST_CASE("1F1B: bubble (PP-1)(F+B), fraction (p-1)/(m+p-1), for PP 4, 8, 16") {
   for (int p : {4, 8, 16}) {
     CAPTURE(p);
-    Front f("gpt32");
+    Planner f("gpt32");
     int m = 2 * p;
     auto pl = plan(f, "use \"1f1b.piper\";\n", {fmt::format("pp={}", p), fmt::format("mb={}", m)});
     auto [idle, step] = bubble(pl);
@@ -74,7 +55,7 @@ TEST_CASE("1F1B: bubble (PP-1)(F+B), fraction (p-1)/(m+p-1), for PP 4, 8, 16") {
 TEST_CASE("GPipe: the same bubble fraction (p-1)/(m+p-1)") {
   for (int p : {4, 8, 16}) {
     CAPTURE(p);
-    Front f("gpt32");
+    Planner f("gpt32");
     auto pl = plan(f, "use \"gpipe.piper\";\n", {fmt::format("pp={}", p), "mb=8"});
     auto [idle, step] = bubble(pl);
     CHECK(idle / step == doctest::Approx(double(p - 1) / (8 + p - 1)));
@@ -84,7 +65,7 @@ TEST_CASE("GPipe: the same bubble fraction (p-1)/(m+p-1)") {
 TEST_CASE("ZB1P: bubble (PP-1)(F+B-2W)") {
   for (int p : {4, 8, 16}) {
     CAPTURE(p);
-    Front f("gpt32");
+    Planner f("gpt32");
     auto pl = plan(f, "use \"zb1p.piper\";\n", {fmt::format("pp={}", p), fmt::format("mb={}", 2 * p)});
     CHECK(bubble(pl).first == doctest::Approx((p - 1) * (1 + 2 - 2 * 1)));
   }
@@ -93,7 +74,7 @@ TEST_CASE("ZB1P: bubble (PP-1)(F+B-2W)") {
 TEST_CASE("DualPipeV: bubble (PP/2-1)(F&B+B-3W) for PP = 4, 8, 16 stages") {
   for (int stages : {4, 8, 16}) {
     CAPTURE(stages);
-    Front f("gpt32");
+    Planner f("gpt32");
     int ranks = stages / 2;
     auto pl = plan(f, "use \"dualpipev.piper\";\n", {fmt::format("pp={}", ranks), fmt::format("mb={}", 2 * stages)});
     const double fb = 1 + 2;  // an overlapped forward+backward pair, unit costs
@@ -102,21 +83,21 @@ TEST_CASE("DualPipeV: bubble (PP/2-1)(F&B+B-3W) for PP = 4, 8, 16 stages") {
 }
 
 TEST_CASE("the library's 1F1B comes out as textbook 1F1B: warm-up p-s-1 forwards, alternate, cool down") {
-  Front f;
+  Planner f;
   auto pl = plan(f, "use \"1f1b.piper\";\n", {"pp=4", "mb=8"});
   CHECK(compute_order(pl, 0)[0] == "0F0,0F1,0F2,0F3,0B0,0F4,0B1,0F5,0B2,0F6,0B3,0F7,0B4,0B5,0B6,0B7");
   CHECK(compute_order(pl, 3)[0] == "3F0,3B0,3F1,3B1,3F2,3B2,3F3,3B3,3F4,3B4,3F5,3B5,3F6,3B6,3F7,3B7");
 }
 
 TEST_CASE("interleaved 1F1B follows Megatron's order: chunks in groups of pp microbatches") {
-  Front f;
+  Planner f;
   auto pl = plan(f, "use \"interleaved_1f1b.piper\";\n", {"pp=2", "v=2", "mb=4"});
   // Rank 0 holds stages 0 and 2; warm-up (pp-r-1)*2 + (v-1)*pp = 4 forwards.
   CHECK(compute_order(pl, 0)[0] == "0F0,0F1,2F0,2F1,0F2,2B0,0F3,2B1,2F2,0B0,2F3,0B1,2B2,2B3,0B2,0B3");
 }
 
 TEST_CASE("DualPipeV overlaps a forward of one chunk with a backward of the other, in torch's CSV") {
-  Front f;
+  Planner f;
   auto pl = plan(f, "use \"dualpipev.piper\";\n", {"pp=2", "mb=4"});
   std::string r0 = compute_order(pl, 0)[0];
   CHECK(r0.find("OVERLAP_F_B") != std::string::npos);
@@ -125,12 +106,8 @@ TEST_CASE("DualPipeV overlaps a forward of one chunk with a backward of the othe
 }
 
 TEST_CASE("tasks ordered to overlap that depend on each other are a deadlock, found statically") {
-  Front f;
-  auto s = f.check("split batch into 2;\norder fwd(0, 1) || bwd(0, 1);\n");
-  REQUIRE(s);
-  auto g = ir::lower(*s, f.manifest, f.diags);
-  REQUIRE(g);
-  CHECK(!schedule(*g, CostModel::unit({}), {}, f.diags, *s));
+  Planner f;
+  CHECK(!f.compile("split batch into 2;\norder fwd(0, 1) || bwd(0, 1);\n"));
   CHECK(f.first_error().find("the plan deadlocks") == 0);
 }
 
@@ -166,12 +143,12 @@ TEST_CASE("the static check finds blocking send/recv deadlocks in hand-built pro
   CHECK(!find_deadlock(g, s));
 }
 
-TEST_CASE("memory: ZeRO stages shrink model states; 1F1B holds pp-s microbatches of activations") {
-  Front f;
+TEST_CASE("memory: ZeRO stages shrink model states, and 1F1B holds pp-s microbatches of activations") {
+  Planner f;
   auto plain = plan(f, "mesh dp = 2;\nreplicate * over dp;\n", {});
   auto z3 = plan(f, "mesh dp = 2;\nreplicate * over dp zero 3;\n", {});
-  auto m0 = memory_use(plain.dag, plain.schedule, plain.strategy, f.manifest, 1);
-  auto m3 = memory_use(z3.dag, z3.schedule, z3.strategy, f.manifest, 1);
+  auto m0 = memory_use(plain.dag, plain.schedule, plain.manifest);
+  auto m3 = memory_use(z3.dag, z3.schedule, z3.manifest);
   const int64_t p = f.manifest.param_bytes(0);
   CHECK(m0[0].params == p);
   CHECK(m0[0].optimizer == 2 * p);
@@ -180,11 +157,11 @@ TEST_CASE("memory: ZeRO stages shrink model states; 1F1B holds pp-s microbatches
   CHECK(m3[0].optimizer == p);
   CHECK(m3[0].peak_dynamic > m0[0].peak_dynamic);  // the gathered parameters
 
-  Front g;
+  Planner g;
   auto pl = plan(g, "use \"1f1b.piper\";\n", {"pp=4", "mb=8"});
-  auto mem = memory_use(pl.dag, pl.schedule, pl.strategy, g.manifest, 1);
+  auto mem = memory_use(pl.dag, pl.schedule, pl.manifest);
   auto gp = plan(g, "use \"gpipe.piper\";\n", {"pp=4", "mb=8"});
-  auto gmem = memory_use(gp.dag, gp.schedule, gp.strategy, g.manifest, 1);
+  auto gmem = memory_use(gp.dag, gp.schedule, gp.manifest);
   // Stage 1 (layers 2-3) holds 3 microbatches under 1F1B, all 8 under GPipe.
   CHECK(gmem[1].peak_dynamic * 3 == mem[1].peak_dynamic * 8);
 }

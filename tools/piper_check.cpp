@@ -1,10 +1,9 @@
-// piper-check: checks a strategy against a model before anyone spends GPU hours (thin CLI over lang/).
+// piper-check: checks a strategy against a model before anyone spends GPU hours (a thin CLI over the plan compiler).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include <fstream>
-#include <sstream>
 #include <algorithm>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <unistd.h>
@@ -12,25 +11,18 @@
 #include "ir/emit.h"
 #include "ir/lower.h"
 #include "lang/diagnostic_verifier.h"
-#include "scheduler/emit.h"
-#include "scheduler/memory.h"
-#include "scheduler/schedule.h"
 #include "lang/frontend.h"
 #include "lang/internal_error.h"
 #include "lang/report.h"
+#include "lang/units.h"
+#include "scheduler/emit.h"
+#include "scheduler/plan.h"
 
 namespace {
 
 using namespace piper;
 
-// What a mode sees: the checked strategy, its lowered DAG and the schedule of that DAG.
-struct Checked {
-  const CheckedStrategy& strategy;
-  const Manifest& manifest;
-  const ir::Graph& dag;
-  const sched::Schedule& schedule;
-  bool unit_costs;
-};
+using Checked = sched::Plan;  // what a mode sees: the whole compiled plan
 
 // What `--emit` can produce. Later stages add rows here (schedule, trace, ...), ninja-tool style.
 struct EmitMode {
@@ -60,30 +52,13 @@ const std::vector<EmitMode>& emit_modes() {
       {"torch-csv", "compute order per pipeline rank in PyTorch pipelining's CSV action format",
        [](const Checked& c) { return sched::emit_torch_csv(c.dag, c.schedule); }},
       {"trace", "the simulated timeline as Chrome/Perfetto trace JSON (a track per rank and stream)",
-       [](const Checked& c) { return sched::emit_trace(c.dag, c.schedule, c.unit_costs); }},
+       [](const Checked& c) { return sched::emit_trace(c.dag, c.schedule, c.costs.is_unit()); }},
       {"svg", "a pipeline picture of the simulated timeline", [](const Checked& c) { return sched::emit_svg(c.dag, c.schedule); }},
   };
   return modes;
 }
 
 constexpr int kOk = 0, kInvalid = 1, kUsage = 2;
-
-// "80GiB", "1.5e9", "512MB" -> bytes.
-std::optional<double> parse_size(const std::string& text) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  std::string unit = text.substr(used);
-  static const std::pair<const char*, double> kUnits[] = {{"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9},
-      {"TB", 1e12}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
-  for (auto [u, f] : kUnits)
-    if (unit == u) return v < 0 ? std::nullopt : std::optional<double>(v * f);
-  return std::nullopt;
-}
 
 }  // namespace
 
@@ -143,100 +118,30 @@ int main(int argc, char** argv) {
     return kUsage;
   }
 
-  int64_t samples = 1;
   try {
     SourceManager sources;
     DiagnosticEngine diags(sources);
-    CommandLine cmd{np, sets, batch, include_dirs};
-    for (auto& d : default_search_path()) cmd.search_path.push_back(d);
-    FrontendResult r = run_frontend(model, strategy, cmd, sources, diags);
-    std::optional<ir::Graph> dag;
-    if (r.status == FrontendStatus::Ok) {
-      ir::LowerOptions lower;
-      lower.verify_each = verify_each;
-      if (batch) {
-        const auto& s = *r.strategy;
-        int64_t pp = s.pipeline_axis.empty() ? 1 : s.axis_size(s.pipeline_axis);
-        lower.samples_per_microbatch = std::max<int64_t>(1, *batch / (s.world / pp) / s.microbatches);
+    sched::PlanOptions opt;
+    opt.cmd = CommandLine{np, sets, batch, include_dirs};
+    for (auto& d : default_search_path()) opt.cmd.search_path.push_back(d);
+    opt.machine_path = machine_path;
+    opt.cost_spec = cost_spec;
+    opt.verify_each = verify_each;
+    if (!print_after.empty())
+      opt.after_pass = [&](const char* pass, const ir::Graph& g) {
+        if (print_after == pass) std::cerr << "# after " << pass << "\n" << ir::emit_dag_text(g);
+      };
+    if (simulate && !budget_text.empty()) {
+      auto b = parse_size(budget_text);
+      if (!b) {
+        fmt::print(stderr, "piper-check: error: --memory-budget: '{}' is not a size like 80GiB\n", budget_text);
+        return kUsage;
       }
-      if (!print_after.empty())
-        lower.after_pass = [&](const char* pass, const ir::Graph& g) {
-          if (print_after == pass) std::cerr << "# after " << pass << "\n" << ir::emit_dag_text(g);
-        };
-      dag = ir::lower(*r.strategy, *r.manifest, diags, lower);
-      if (!dag) r.status = FrontendStatus::Invalid;
-      samples = lower.samples_per_microbatch;
+      opt.memory_budget = *b;
     }
-    // Schedule (and so simulate) every valid plan: a plan that can hang is an error by default.
-    std::optional<sched::Schedule> plan;
-    std::optional<sched::CostModel> costs;
-    if (dag) {
-      if (!machine_path.empty()) {
-        std::ifstream in(machine_path);
-        if (!in) {
-          fmt::print(stderr, "piper-check: error: {}: cannot open\n", machine_path);
-          return kUsage;
-        }
-        std::ostringstream text;
-        text << in.rdbuf();
-        auto mc = sched::parse_machine(sources.add(machine_path, text.str()), sources, diags);
-        if (mc) costs = sched::CostModel::machine(*mc, dag->mesh_axes, samples);
-      } else {
-        std::string error;
-        auto unit = sched::parse_unit_costs(cost_spec, &error);
-        if (!unit) {
-          fmt::print(stderr, "piper-check: error: {}\n", error);
-          return kUsage;
-        }
-        costs = sched::CostModel::unit(*unit);
-      }
-      if (costs) {
-        sched::ScheduleOptions so;
-        for (const auto& a : r.strategy->mesh) so.axis_sizes.push_back(a.size);
-        plan = sched::schedule(*dag, *costs, so, diags, *r.strategy);
-        if (plan)
-          if (auto hang = sched::find_deadlock(*dag, *plan)) {
-            diags.error(SourceLoc{}, *hang);
-            plan.reset();
-          }
-      }
-      if (!plan) r.status = FrontendStatus::Invalid;
-    }
-    std::string sim_text;
-    if (plan && simulate) {
-      double budget = 0;
-      if (!budget_text.empty()) {
-        auto b = parse_size(budget_text);
-        if (!b) {
-          fmt::print(stderr, "piper-check: error: --memory-budget: '{}' is not a size like 80GiB\n", budget_text);
-          return kUsage;
-        }
-        budget = *b;
-      }
-      auto mem = sched::memory_use(*dag, *plan, *r.strategy, *r.manifest, samples);
-      bool over = false;
-      sim_text = sched::simulate_report(*dag, *plan, mem, budget, costs->is_unit(), &over);
-      if (over) {
-        // Name the directive that decides the most memory: ZeRO for model states, split for activations.
-        const auto worst = *std::max_element(mem.begin(), mem.end(), [](auto& a, auto& b) { return a.peak() < b.peak(); });
-        bool states = worst.params + worst.grads + worst.optimizer > worst.peak_dynamic;
-        const Directive* culprit = nullptr;
-        for (const auto& d : r.strategy->directives)
-          if ((states && std::holds_alternative<ReplicateDirective>(d.body)) ||
-              (!states && std::holds_alternative<SplitDirective>(d.body)))
-            culprit = &d;
-        auto& d = diags.error(culprit ? culprit->loc : SourceLoc{},
-                              fmt::format("the plan needs {} on its fullest device, over the budget of {}",
-                                          sched::human_bytes(double(worst.peak())), sched::human_bytes(budget)));
-        d.note(SourceLoc{}, states ? "model states dominate: shard them further (replicate ... zero 3) or use more pipeline stages"
-                                   : "activations dominate: recompute, fewer microbatches in flight, or more pipeline stages");
-        if (culprit)
-          for (const Note& n : culprit->used_from) d.notes.push_back(n);
-        r.status = FrontendStatus::Invalid;
-      }
-    }
+    sched::PlanResult r = sched::compile_plan(model, strategy, opt, sources, diags);
     if (verify) {
-      if (r.status == FrontendStatus::IoError) {
+      if (r.status == sched::PlanStatus::IoError) {
         fmt::print(stderr, "piper-check: error: {}\n", r.io_error);
         return kUsage;
       }
@@ -245,14 +150,20 @@ int main(int argc, char** argv) {
       return problems.empty() ? kOk : kInvalid;
     }
     diags.print_all(std::cerr, isatty(2));
-    if (r.status == FrontendStatus::IoError) {
+    if (r.status == sched::PlanStatus::IoError) {
       fmt::print(stderr, "piper-check: error: {}\n", r.io_error);
       return kUsage;
     }
-    if (r.status != FrontendStatus::Ok) return kInvalid;
-    std::string text = mode->emit(Checked{*r.strategy, *r.manifest, *dag, *plan, costs->is_unit()});
+    if (r.status != sched::PlanStatus::Ok) return kInvalid;
+    const sched::Plan& plan = *r.plan;
+    std::string text = mode->emit(plan);
     if (emit == "report") text = fmt::format("{}: ok\n{}", strategy, text);
-    if (simulate) text += fmt::format("simulated step ({}):\n{}", costs->is_unit() ? "unit costs" : machine_path, sim_text);
+    if (simulate) {
+      bool over = false;
+      text += fmt::format("simulated step ({}):\n{}", plan.costs.is_unit() ? "unit costs" : machine_path,
+                          sched::simulate_report(plan.dag, plan.schedule, plan.memory, opt.memory_budget.value_or(0),
+                                                 plan.costs.is_unit(), &over));
+    }
     if (output.empty()) {
       std::cout << text;
     } else {

@@ -12,7 +12,7 @@
 
 #include "runtime/executor.h"
 #include "runtime/mpi_communicator.h"
-#include "runtime/plan.h"
+#include "scheduler/plan.h"
 
 using namespace piper;
 using namespace piper::runtime;
@@ -97,14 +97,14 @@ int main(int argc, char** argv) {
   };
 
   // Every rank compiles the same plan from the same inputs; a mismatch is refused below.
-  CommandLine cmd;
-  cmd.np = comm->size();
-  cmd.sets = sets;
-  cmd.batch_size = batch;
-  cmd.search_path = include;
-  for (auto& d : default_search_path()) cmd.search_path.push_back(d);
+  sched::PlanOptions opt;
+  opt.cmd.np = comm->size();
+  opt.cmd.sets = sets;
+  opt.cmd.batch_size = batch;
+  opt.cmd.search_path = include;
+  for (auto& d : default_search_path()) opt.cmd.search_path.push_back(d);
   std::string errors;
-  auto plan = compile_plan(model, strategy, cmd, &errors);
+  auto plan = sched::compile_plan(model, strategy, opt, &errors);
   if (!plan) return fail(errors);
   auto missing = Executor::unsupported(*plan);
   if (!missing.empty())
@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
     int64_t seq = seq_len > 0 ? seq_len : plan->manifest.regions[static_cast<size_t>(plan->manifest.sequence.front())].input->shape[0];
     if (lead)
       fmt::print("piper-run: {} ranks, {} stages, {} microbatches of {} samples, {} threads per rank\n", comm->size(),
-                 plan->strategy.stages.size(), plan->strategy.microbatches, plan->samples_per_microbatch, t);
+                 plan->dag.facts.stages.size(), plan->dag.facts.microbatches, plan->samples_per_microbatch(), t);
     std::ofstream metrics;
     if (lead && !metrics_path.empty()) metrics.open(metrics_path);
     const bool tty = isatty(1);

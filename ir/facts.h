@@ -1,0 +1,101 @@
+// What lowering decided, recorded as data: per stage its parameter layout, pieces, replication
+// (ZeRO stage, axis, buckets, gather units) and expert ownership. The memory model, the scheduler
+// and the executor read these facts — never the checked strategy — so what the simulator prices is
+// by construction what the executor runs.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lang/manifest.h"
+#include "lang/mesh.h"
+#include "lang/source.h"
+
+namespace piper::ir {
+
+using StreamId = uint16_t;
+
+// A half-open element range [begin, end) of a stage's dense parameter layout.
+struct Range {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+  bool operator==(const Range&) const = default;
+};
+
+// One parameter in a flat layout: `numel` elements from `offset`, owned by `region` (manifest
+// region id; its `index`-th parameter).
+struct ParamSlot {
+  RegionId region = -1;
+  int32_t index = 0;
+  int64_t offset = 0, numel = 0;
+  bool operator==(const ParamSlot&) const = default;
+};
+
+// A piece of a stage that runs as one chunk (a node's `segment` indexes these). A dense piece is a
+// run of pipeline regions (the sharded lists inside them excluded); an expert piece runs one
+// sharded list's members that this rank holds.
+struct Segment {
+  std::vector<RegionId> regions;  // dense: pipeline regions, in order
+  RegionId sharded = -1;          // expert piece: the sharded list
+  Range dense;                    // dense: its parameters' range of the stage's dense layout
+  int64_t param_bytes = 0;        // parameters it touches on one rank
+  int64_t flops = 0;              // forward FLOPs per sample, on one rank
+};
+
+// Data parallelism of a stage's dense parameters over one mesh axis.
+struct Replication {
+  int32_t axis = -1;  // -1: the stage is not replicated
+  int64_t ways = 1;
+  int zero = 0;       // 0: all-reduce; 1, 2, 3: ZeRO stage
+  StreamId stream = 0;
+  std::vector<Range> buckets;  // reduced (and, ZeRO-1/2, gathered) ranges, in bucket order
+  std::vector<Range> units;    // ZeRO-3: ranges gathered before each use and freed after
+  // Member j of the group owns elements [shard(b, j), shard(b, j+1)) of bucket (or unit) b:
+  // an even split, the first members taking one more when it is uneven.
+  static int64_t shard_begin(const Range& r, int64_t ways, int64_t member) {
+    const int64_t len = r.size(), per = len / ways, extra = len % ways;
+    return r.begin + member * per + std::min(member, extra);
+  }
+};
+
+// Expert parallelism: the members of a sharded list spread over a mesh axis, contiguous blocks.
+struct ExpertShard {
+  RegionId list = -1;
+  int32_t axis = -1;
+  int64_t ways = 1;
+  int32_t segment = -1;           // the expert piece that runs them
+  std::vector<RegionId> members;  // the list's members, in index order
+  std::vector<int64_t> owner;     // per member: the coordinate on `axis` that holds it
+  int64_t member_bytes = 0;       // parameters of one member
+  std::vector<int64_t> owned(int64_t coord) const {  // member indices held at a coordinate
+    std::vector<int64_t> out;
+    for (size_t m = 0; m < owner.size(); ++m)
+      if (owner[m] == coord) out.push_back(static_cast<int64_t>(m));
+    return out;
+  }
+};
+
+struct StageFacts {
+  std::vector<RegionId> regions;  // the pipeline regions of the stage, in order
+  int64_t coord = 0;              // on the pipeline axis
+  int64_t chunk = 0;              // virtual-stage index on its ranks
+  std::vector<ParamSlot> dense;   // the dense (not expert-sharded) parameters' flat layout
+  int64_t dense_elems = 0;
+  std::vector<Segment> segments;  // at least one
+  Replication replication;
+  std::vector<ExpertShard> experts;
+  DType precision = DType::F32;   // compute precision (`precision bf16`)
+};
+
+// Facts about the whole plan that every reader needs.
+struct PlanFacts {
+  Mesh mesh;
+  int32_t pipeline_axis = -1;
+  int64_t microbatches = 1;
+  int64_t samples_per_microbatch = 1;
+  std::vector<StageFacts> stages;
+  std::vector<SourceLoc> overlap_locs;  // per overlap group: the order that asked for it (diagnostics)
+};
+
+}  // namespace piper::ir

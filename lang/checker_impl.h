@@ -1,0 +1,193 @@
+// The checker's insides, shared by the files that implement it (lang/checker.cpp names them); not for other folders.
+#pragma once
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "lang/ast.h"
+#include "lang/checker.h"
+#include "lang/internal_error.h"
+#include "lang/suggest.h"
+
+namespace piper::check {
+
+namespace fs = std::filesystem;
+
+struct Value {
+  enum class Type { Int, Bool };
+  Type type = Type::Int;
+  int64_t i = 0;
+  bool b = false;
+  static Value of(int64_t v) { return Value{Type::Int, v, false}; }
+  static Value of_bool(bool v) { return Value{Type::Bool, 0, v}; }
+  std::string text() const { return type == Type::Int ? std::to_string(i) : (b ? "true" : "false"); }
+};
+
+inline const char* type_name(Value::Type t) { return t == Value::Type::Int ? "an integer" : "a boolean"; }
+
+struct Var {
+  Value value;
+  SourceLoc decl;
+  const char* what;  // "parameter", "let binding", "loop variable"
+};
+
+// Lexical scopes of one file; a used file gets a fresh Env of its own.
+struct Env {
+  std::vector<std::map<std::string, Var>> frames{1};
+  const Var* find(const std::string& name) const {
+    for (auto it = frames.rbegin(); it != frames.rend(); ++it)
+      if (auto v = it->find(name); v != it->end()) return &v->second;
+    return nullptr;
+  }
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& f : frames)
+      for (const auto& [n, _] : f) out.push_back(n);
+    return out;
+  }
+  std::map<std::string, Var> flatten() const {
+    std::map<std::string, Var> out;
+    for (const auto& f : frames)
+      for (const auto& [n, v] : f) out[n] = v;
+    return out;
+  }
+};
+
+// What a `use` hands to the used file: explicit arguments and the user's visible names.
+struct UseContext {
+  std::map<std::string, std::pair<Value, SourceLoc>> args;
+  std::set<std::string> consumed;
+  std::map<std::string, Var> inherited;
+};
+
+struct PendingOrder {
+  const ast::OrderStmt* stmt;
+  SourceLoc loc;
+  std::map<std::string, Var> env;
+  std::vector<Note> context;
+  std::string stream;
+  std::optional<size_t> prev;  // the order before this one in its `sequence` block
+  std::optional<std::vector<Task>> last_group;  // filled on expansion, for the next one in the sequence
+  bool in_sequence = false;
+  bool failed = false;
+};
+
+// Placement bookkeeping per pipeline region, for stages and "placed twice/never".
+struct Placed {
+  int64_t coord = 0;
+  std::optional<std::pair<size_t, int64_t>> group;  // (place directive, stage group) for `over` forms
+  SourceLoc loc;
+};
+
+// Walks the strategy file (and the files it uses) once, in order, collecting checked directives;
+// then checks what needs the whole strategy and expands the orders. Every error is reported, located.
+class Checker {
+ public:
+  Checker(const Manifest& m, const CheckOptions& o, SourceManager& s, DiagnosticEngine& d)
+      : m_(m), opt_(o), sources_(s), diags_(d) {
+    for (const char* name : kBuiltinStreams) streams_[name] = SourceLoc{};
+  }
+  std::optional<CheckedStrategy> run(FileId top);  // checker.cpp
+
+ private:
+  int64_t axis_size(const std::string& name) const {
+    for (const auto& a : axes_)
+      if (a.name == name) return a.size;
+    return 1;
+  }
+
+  // evaluation (evaluate.cpp)
+  bool step(SourceLoc loc);
+  std::optional<Value> lookup(const ast::Expr& e, const Env& env);
+  std::optional<Value> eval(const ast::Expr& e, const Env& env);
+  std::optional<Value> overflow(const ast::Expr& e);
+  bool expect(const Value& v, Value::Type t, const ast::Expr& where, const std::string& context);
+  std::optional<Value> binary(const ast::Expr& e, const Env& env);
+  std::optional<Value> call(const ast::Expr& e, const Env& env);
+  std::optional<int64_t> eval_int(const ast::Expr& e, const Env& env, const std::string& what);
+
+  // regions (selectors.cpp)
+  std::vector<std::string> child_names(RegionId r) const;
+  // A path below `from` to a descendant named `leaf`, in selector syntax (`moe.experts`).
+  std::optional<std::string> find_below(RegionId from, const std::string& leaf) const;
+  std::optional<std::vector<RegionId>> resolve(const ast::Selector& sel, const Env& env);
+  std::optional<std::vector<RegionId>> resolve_all(const std::vector<ast::Selector>& sels, const Env& env);
+  // Pipeline regions (sequence members) covered by a selection, in sequence order.
+  std::optional<std::vector<RegionId>> to_pipeline(const std::vector<RegionId>& sel, const ast::Selector& where);
+
+  // statements (statements.cpp; use.cpp for `use`; directives.cpp for the directives)
+  void run_file(const ast::File& file, UseContext& use);
+  void run_block(const ast::Block& block, Env& env, UseContext& use, FileId file);
+  bool declare(Env& env, const std::string& name, Value v, SourceLoc loc, const char* what);
+  SourceLoc name_loc(SourceLoc stmt, const std::string& keyword, const std::string& name);
+  std::optional<Value> parse_override(const Override& o);
+  void run_stmt(const ast::Stmt& s, Env& env, UseContext& use, FileId file);
+  void stmt(const ast::ParamStmt& p, const ast::Stmt& s, Env& env, UseContext& use, FileId);
+  void stmt(const ast::LetStmt& l, const ast::Stmt& s, Env& env, UseContext&, FileId);
+  void stmt(const ast::MeshStmt& m, const ast::Stmt& s, Env& env, UseContext&, FileId);
+  void stmt(const ast::StreamStmt& st, const ast::Stmt&, Env&, UseContext&, FileId);
+  std::optional<std::string> check_stream(const std::optional<std::pair<std::string, SourceLoc>>& st);
+  std::optional<std::string> find_strategy(const std::string& path, FileId from, SourceLoc loc);
+  void stmt(const ast::UseStmt& u, const ast::Stmt& s, Env& env, UseContext&, FileId file);
+  const ast::File* load(const std::string& canon);
+  void stmt(const ast::AssertStmt& a, const ast::Stmt& s, Env& env, UseContext&, FileId);
+  void stmt(const ast::IfStmt& i, const ast::Stmt&, Env& env, UseContext& use, FileId file);
+  void stmt(const ast::ForStmt& f, const ast::Stmt& s, Env& env, UseContext& use, FileId file);
+  std::optional<std::string> check_axis(const ast::AxisRef& a, const Env& env);
+  void stmt(const ast::PlaceStmt& p, const ast::Stmt& s, Env& env, UseContext&, FileId);
+  void stmt(const ast::ReplicateStmt& r, const ast::Stmt& s, Env& env, UseContext&, FileId);
+  void stmt(const ast::ShardStmt& sh, const ast::Stmt& s, Env& env, UseContext&, FileId);
+  void stmt(const ast::SplitStmt& sp, const ast::Stmt& s, Env& env, UseContext&, FileId);
+  void stmt(const ast::OrderStmt& o, const ast::Stmt& s, Env& env, UseContext&, FileId);
+  void stmt(const ast::SequenceStmt& q, const ast::Stmt&, Env& env, UseContext& use, FileId file);
+  void stmt(const ast::RecomputeStmt& r, const ast::Stmt& s, Env& env, UseContext&, FileId);
+  void stmt(const ast::PrecisionStmt& p, const ast::Stmt& s, Env& env, UseContext&, FileId);
+
+  // whole-strategy checks (whole_checks.cpp)
+  void finish();
+  void finish_mesh();
+  void finish_placement();
+  void finish_axes();
+  void finish_batch();
+
+  // order expansion (order_expansion.cpp)
+  static std::optional<TaskKind> task_kind(const std::string& name);
+  void finish_orders();
+  void expand(PendingOrder& p, int64_t stages, std::vector<Directive>& out);
+  bool check_instance(const PendingOrder& p, const OrderDirective& d);
+
+  const Manifest& m_;
+  const CheckOptions& opt_;
+  SourceManager& sources_;
+  DiagnosticEngine& diags_;
+  FileId top_ = 0;
+  CheckedStrategy out_;
+  std::vector<MeshAxis> axes_;  // the mesh as declared so far; out_.mesh is made from it at the end
+  std::map<std::string, SourceLoc> streams_;
+  std::map<std::string, SourceLoc> declared_params_;
+  std::set<std::string> used_overrides_;
+  std::set<std::string> used_axes_;
+  std::map<std::string, SourceLoc> replicate_axes_, shard_axes_;
+  std::map<RegionId, Placed> placed_;
+  std::map<std::pair<int64_t, int64_t>, std::pair<bool, SourceLoc>> backward_form_;
+  std::vector<PendingOrder> pending_;
+  std::vector<size_t> pending_slots_;
+  std::vector<std::optional<size_t>> sequences_;  // per open `sequence` block: its latest order
+  std::vector<std::string> stack_;
+  std::map<std::string, const ast::File*> parsed_;
+  std::vector<std::unique_ptr<ast::File>> owned_;
+  SourceLoc first_mesh_, first_place_, split_loc_, first_stmt_;
+  size_t place_count_ = 0;
+  int64_t steps_ = 0;
+  bool budget_reported_ = false;
+};
+
+}  // namespace piper::check

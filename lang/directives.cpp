@@ -1,0 +1,240 @@
+// The directives: place, replicate, shard, split, order, recompute, precision as checked records.
+#include "lang/checker_impl.h"
+
+namespace piper::check {
+
+std::optional<std::string> Checker::check_axis(const ast::AxisRef& a, const Env& env) {
+  auto it = std::find_if(axes_.begin(), axes_.end(), [&](auto& x) { return x.name == a.name; });
+  if (it == axes_.end()) {
+    std::vector<std::string> names;
+    for (auto& x : axes_) names.push_back(x.name);
+    auto& d = diags_.error(a.loc, fmt::format("unknown mesh axis '{}'{}", a.name, did_you_mean(a.name, names)));
+    if (names.empty()) d.note(SourceLoc{}, fmt::format("declare the mesh first, e.g. `mesh {} = 2;`", a.name));
+    else d.note(axes_.front().loc, fmt::format("the mesh so far has: {}", fmt::join(names, ", ")));
+    return std::nullopt;
+  }
+  if (a.size) {
+    auto size = eval_int(*a.size, env, "an axis size");
+    if (!size) return std::nullopt;
+    if (*size != it->size) {
+      diags_.error(a.size->loc, fmt::format("axis '{}' has size {} in the mesh, not {}", a.name, it->size, *size))
+          .note(it->loc, "mesh axis declared here");
+      return std::nullopt;
+    }
+  }
+  used_axes_.insert(a.name);
+  return a.name;
+}
+
+void Checker::stmt(const ast::PlaceStmt& p, const ast::Stmt& s, Env& env, UseContext&, FileId) {
+  auto sel = resolve_all(p.regions, env);
+  if (!sel) return;
+  auto regions = to_pipeline(*sel, p.regions.front());
+  if (!regions) return;
+  auto stream = check_stream(p.stream);
+  if (!stream) return;
+  PlaceDirective d;
+  d.regions = *regions;
+  d.stream = *stream;
+  using M = ast::PlaceStmt::Mode;
+  if (p.mode == M::On) {
+    if (p.coords.size() != 1) {
+      diags_.error(p.coords[1].loc, "place on one axis only (the pipeline axis); spread over other axes with "
+                                    "replicate or shard");
+      return;
+    }
+    const ast::Binding& c = p.coords[0];
+    if (!check_axis(ast::AxisRef{c.name, nullptr, c.loc}, env)) return;
+    auto coord = eval_int(*c.value, env, "a mesh coordinate");
+    if (!coord) return;
+    int64_t n = axis_size(c.name);
+    if (*coord < 0 || *coord >= n) {
+      diags_.error(c.value->loc, fmt::format("coordinate {} is outside axis '{}' (0..{})", *coord, c.name, n - 1));
+      return;
+    }
+    d.mode = PlaceDirective::Mode::On;
+    d.axis = c.name;
+    d.coord = *coord;
+  } else {
+    auto axis = check_axis(p.axis, env);
+    if (!axis) return;
+    d.axis = *axis;
+    int64_t n = axis_size(d.axis);
+    int64_t groups = n;
+    d.mode = p.mode == M::Contiguous ? PlaceDirective::Mode::Contiguous
+           : p.mode == M::VShape     ? PlaceDirective::Mode::VShape
+                                     : PlaceDirective::Mode::Interleaved;
+    if (p.mode == M::Interleaved) {
+      auto v = eval_int(*p.chunks, env, "interleaved()");
+      if (!v) return;
+      if (*v < 1) {
+        diags_.error(p.chunks->loc, fmt::format("interleaved({}) needs at least 1 chunk per rank", *v));
+        return;
+      }
+      d.chunks = *v;
+      groups = n * *v;
+    } else if (p.mode == M::VShape) {
+      groups = 2 * n;
+    }
+    int64_t count = static_cast<int64_t>(d.regions.size());
+    if (count % groups != 0) {
+      diags_.error(p.regions.front().loc,
+                   fmt::format("{} regions cannot be cut evenly into {} stages ({} over {}={}{})", count, groups,
+                               p.mode == M::VShape ? "V-shape: 2 per rank" : p.mode == M::Interleaved ? "interleaved" : "contiguous",
+                               d.axis, n, p.mode == M::Interleaved ? fmt::format(" × {} chunks", d.chunks) : ""))
+          .note(SourceLoc{}, fmt::format("selected: {}", print_regions(d.regions, m_)));
+      return;
+    }
+  }
+  if (!out_.pipeline_axis.empty() && out_.pipeline_axis != d.axis) {
+    diags_.error(s.loc, fmt::format("all regions are placed over one pipeline axis; this uses '{}' but "
+                                    "earlier placement used '{}'", d.axis, out_.pipeline_axis))
+        .note(first_place_, "first placed here");
+    return;
+  }
+  out_.pipeline_axis = d.axis;
+  if (!first_place_.valid()) first_place_ = s.loc;
+  size_t index = ++place_count_;
+  int64_t n = axis_size(d.axis);
+  int64_t groups = d.mode == PlaceDirective::Mode::Interleaved ? n * d.chunks
+                 : d.mode == PlaceDirective::Mode::VShape     ? 2 * n : n;
+  int64_t per = std::max<int64_t>(1, static_cast<int64_t>(d.regions.size()) / groups);
+  for (size_t j = 0; j < d.regions.size(); ++j) {
+    RegionId r = d.regions[j];
+    if (auto it = placed_.find(r); it != placed_.end()) {
+      diags_.error(p.regions.front().loc, fmt::format("region '{}' is placed twice", m_.selector_text(r)))
+          .note(it->second.loc, "first placed here");
+      return;
+    }
+    Placed pl;
+    pl.loc = s.loc;
+    if (d.mode == PlaceDirective::Mode::On) {
+      pl.coord = d.coord;
+    } else {
+      int64_t k = static_cast<int64_t>(j) / per;
+      pl.group = std::make_pair(index, k);
+      pl.coord = d.mode == PlaceDirective::Mode::Contiguous ? k
+               : d.mode == PlaceDirective::Mode::Interleaved ? k % n
+               : (k < n ? k : 2 * n - 1 - k);
+    }
+    placed_[r] = pl;
+  }
+  out_.directives.push_back(Directive{s.loc, std::move(d), diags_.context()});
+}
+
+void Checker::stmt(const ast::ReplicateStmt& r, const ast::Stmt& s, Env& env, UseContext&, FileId) {
+  auto sel = resolve_all(r.regions, env);
+  if (!sel) return;
+  auto axis = check_axis(r.axis, env);
+  if (!axis) return;
+  auto stream = check_stream(r.stream);
+  if (!stream) return;
+  ReplicateDirective d{*sel, *axis, 0, 0, *stream};
+  if (r.zero) {
+    auto z = eval_int(*r.zero, env, "zero");
+    if (!z) return;
+    if (*z < 0 || *z > 3) {
+      diags_.error(r.zero->loc, fmt::format("ZeRO stage {} does not exist; use 0 (plain data parallel), 1, 2 or 3", *z));
+      return;
+    }
+    d.zero = static_cast<int>(*z);
+  }
+  if (r.bucket) {
+    auto b = eval_int(*r.bucket, env, "bucket");
+    if (!b) return;
+    if (*b <= 0) {
+      diags_.error(r.bucket->loc, fmt::format("bucket size must be positive, e.g. 25MiB (got {})", *b));
+      return;
+    }
+    d.bucket_bytes = *b;
+  }
+  replicate_axes_.emplace(*axis, s.loc);
+  out_.directives.push_back(Directive{s.loc, std::move(d), diags_.context()});
+}
+
+void Checker::stmt(const ast::ShardStmt& sh, const ast::Stmt& s, Env& env, UseContext&, FileId) {
+  auto sel = resolve_all(sh.regions, env);
+  if (!sel) return;
+  auto axis = check_axis(sh.axis, env);
+  if (!axis) return;
+  auto stream = check_stream(sh.stream);
+  if (!stream) return;
+  int64_t n = axis_size(*axis);
+  for (RegionId r : *sel) {
+    if (!m_.is_list(r)) {
+      diags_.error(sh.regions.front().loc,
+                   fmt::format("cannot shard '{}': shard spreads the members of a list region (such as "
+                               "layers[*].moe.experts) over an axis",
+                               m_.selector_text(r)));
+      return;
+    }
+    int64_t count = static_cast<int64_t>(m_.regions[r].children.size());
+    if (count % n != 0) {
+      diags_.error(sh.regions.front().loc, fmt::format("'{}' has {} members, which do not divide evenly over {}={}",
+                                                       m_.selector_text(r), count, *axis, n));
+      return;
+    }
+  }
+  shard_axes_.emplace(*axis, s.loc);
+  out_.directives.push_back(Directive{s.loc, ShardDirective{*sel, *axis, *stream}, diags_.context()});
+}
+
+void Checker::stmt(const ast::SplitStmt& sp, const ast::Stmt& s, Env& env, UseContext&, FileId) {
+  auto n = eval_int(*sp.microbatches, env, "split");
+  if (!n) return;
+  if (*n < 1) {
+    diags_.error(sp.microbatches->loc, fmt::format("cannot split the batch into {} microbatches", *n));
+    return;
+  }
+  if (split_loc_.valid()) {
+    if (*n != out_.microbatches)
+      diags_.error(s.loc, fmt::format("the batch is split into {} microbatches here but {} before", *n,
+                                      out_.microbatches))
+          .note(split_loc_, "first split here");
+    return;
+  }
+  split_loc_ = s.loc;
+  out_.microbatches = *n;
+  out_.directives.push_back(Directive{s.loc, SplitDirective{*n}, diags_.context()});
+}
+
+void Checker::stmt(const ast::OrderStmt& o, const ast::Stmt& s, Env& env, UseContext&, FileId) {
+  auto stream = check_stream(o.stream);
+  if (!stream) return;
+  // Tasks name stages, which exist only once every place has run: expand at the end.
+  PendingOrder p{&o, s.loc, env.flatten(), diags_.context(), *stream, std::nullopt, std::nullopt};
+  if (!sequences_.empty()) {
+    p.in_sequence = true;
+    p.prev = sequences_.back();
+    sequences_.back() = pending_.size();
+  }
+  pending_.push_back(std::move(p));
+  out_.directives.push_back(Directive{s.loc, OrderDirective{}, diags_.context()});
+  pending_slots_.push_back(out_.directives.size() - 1);
+}
+
+void Checker::stmt(const ast::RecomputeStmt& r, const ast::Stmt& s, Env& env, UseContext&, FileId) {
+  auto sel = resolve_all(r.regions, env);
+  if (!sel) return;
+  out_.directives.push_back(Directive{s.loc, RecomputeDirective{*sel}, diags_.context()});
+}
+
+void Checker::stmt(const ast::PrecisionStmt& p, const ast::Stmt& s, Env& env, UseContext&, FileId) {
+  DType t;
+  if (p.dtype == "fp32") t = DType::F32;
+  else if (p.dtype == "bf16") t = DType::BF16;
+  else {
+    diags_.error(p.dtype_loc, fmt::format("unknown precision '{}'{}", p.dtype, did_you_mean(p.dtype, {"fp32", "bf16"})))
+        .note(SourceLoc{}, "supported: fp32, bf16");
+    return;
+  }
+  std::vector<RegionId> regions{0};
+  if (!p.regions.empty()) {
+    auto sel = resolve_all(p.regions, env);
+    if (!sel) return;
+    regions = *sel;
+  }
+  out_.directives.push_back(Directive{s.loc, PrecisionDirective{t, regions}, diags_.context()});
+}
+
+}  // namespace piper::check

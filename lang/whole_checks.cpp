@@ -1,0 +1,110 @@
+// Checks that need the whole strategy: the mesh against the world, stages, unused axes, the batch.
+#include "lang/checker_impl.h"
+
+namespace piper::check {
+
+void Checker::finish() {
+  for (const Override& o : opt_.overrides)
+    if (!used_overrides_.count(o.name)) {
+      std::vector<std::string> names;
+      for (auto& [n, _] : declared_params_) names.push_back(n);
+      diags_.error(o.loc, fmt::format("--set {}: the strategy has no parameter '{}'{}", o.name, o.name,
+                                      did_you_mean(o.name, names)));
+    }
+  finish_mesh();
+  finish_placement();
+  finish_axes();
+  finish_batch();
+  if (diags_.has_errors()) return;
+  finish_orders();
+}
+
+void Checker::finish_mesh() {
+  int64_t product = 1;
+  for (const auto& a : axes_)
+    if (__builtin_mul_overflow(product, a.size, &product)) {
+      diags_.error(a.loc, "the mesh has more devices than fit in 64 bits");
+      return;
+    }
+  const int64_t world = opt_.world.value_or(product);
+  out_.mesh = Mesh(axes_, world);
+  if (product == world) return;
+  std::vector<std::string> parts;
+  for (const auto& a : axes_) parts.push_back(fmt::format("{}={}", a.name, a.size));
+  if (axes_.empty()) {
+    diags_.error(first_stmt_.valid() ? first_stmt_ : SourceLoc{top_, 1, 1, 1},
+                 fmt::format("the strategy declares no mesh, so it runs on 1 device, but the world has {} ranks",
+                             world))
+        .note(SourceLoc{}, fmt::format("declare one, e.g. `mesh dp = {};`", world));
+    return;
+  }
+  auto& d = diags_.error(first_mesh_, fmt::format("the mesh has {} devices ({}) but the world has {} ranks", product,
+                                                  fmt::join(parts, " × "), world));
+  if (opt_.world_loc.valid()) d.note(opt_.world_loc, "world size given here");
+}
+
+void Checker::finish_placement() {
+  if (place_count_ == 0) {
+    Stage all;
+    all.regions = m_.sequence;
+    out_.stages.push_back(std::move(all));
+    return;
+  }
+  std::vector<std::string> missing;
+  for (RegionId r : m_.sequence)
+    if (!placed_.count(r)) missing.push_back(m_.selector_text(r));
+  if (!missing.empty()) {
+    diags_.error(first_place_, fmt::format("{} never placed: {}", missing.size() == 1 ? "this region is" : "these regions are",
+                                           fmt::join(missing, ", ")))
+        .note(SourceLoc{}, "once any region is placed, every pipeline region must be placed exactly once");
+    return;
+  }
+  // Walk the pipeline in order: a stage is a maximal run on one coordinate. Regions placed with
+  // `on` join their neighbours; `over` groups stay apart (a V's two halves on the last rank are two stages).
+  std::optional<std::pair<size_t, int64_t>> group;
+  for (RegionId r : m_.sequence) {
+    const Placed& p = placed_.at(r);
+    bool join = !out_.stages.empty() && out_.stages.back().coord == p.coord &&
+                (!p.group || !group || *p.group == *group);
+    if (!join) {
+      Stage st;
+      st.coord = p.coord;
+      out_.stages.push_back(std::move(st));
+      group.reset();
+    }
+    out_.stages.back().regions.push_back(r);
+    if (p.group) group = p.group;
+  }
+  std::map<int64_t, int64_t> per_coord;
+  for (Stage& st : out_.stages) st.chunk = per_coord[st.coord]++;
+}
+
+void Checker::finish_axes() {
+  const std::string& pp = out_.pipeline_axis;
+  for (auto* uses : {&replicate_axes_, &shard_axes_}) {
+    if (auto it = uses->find(pp); !pp.empty() && it != uses->end())
+      diags_.error(it->second, fmt::format("'{}' is the pipeline axis (regions are placed over it); {} over "
+                                           "another axis",
+                                           pp, uses == &replicate_axes_ ? "replicate" : "shard"))
+          .note(first_place_, "placed over it here");
+  }
+  for (const auto& a : axes_)
+    if (a.size > 1 && !used_axes_.count(a.name))
+      diags_.error(a.loc, fmt::format("mesh axis '{}' (size {}) is not used by any place, replicate or shard",
+                                      a.name, a.size))
+          .note(SourceLoc{}, fmt::format("e.g. `replicate * over {};` for data parallelism", a.name));
+}
+
+void Checker::finish_batch() {
+  if (!opt_.batch_size) return;
+  const int64_t data_ways = out_.replicas();
+  int64_t need = data_ways * out_.microbatches;
+  if (need <= 0 || *opt_.batch_size % need == 0) return;  // need 0: the mesh error says why
+  SourceLoc at = split_loc_.valid() ? split_loc_ : SourceLoc{top_, 1, 1, 1};
+  diags_.error(at, fmt::format("the global batch of {} does not split into {} data-parallel replicas × {} "
+                               "microbatches",
+                               *opt_.batch_size, data_ways, out_.microbatches))
+      .note(SourceLoc{}, fmt::format("use a batch size that is a multiple of {}", need));
+}
+
+}  // namespace piper::check

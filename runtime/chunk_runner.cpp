@@ -1,0 +1,87 @@
+#include "runtime/chunk_runner.h"
+
+#include <torch/torch.h>
+
+#include "runtime/memory_counter.h"
+
+namespace piper::runtime {
+
+namespace {
+std::vector<torch::Tensor> compute(const PieceModules& m, const std::vector<torch::Tensor>& in, const LossFn& loss) {
+  if (m.expert) {
+    const torch::Tensor &h = in.at(0), &gates = in.at(1);
+    torch::Tensor y = torch::zeros_like(h);
+    for (const auto& [e, mod] : m.experts)
+      y = y + gates.slice(-1, e, e + 1) * const_cast<torch::jit::Module&>(mod).forward({h}).toTensor();
+    return {y};
+  }
+  torch::Tensor x = in.at(0);
+  for (const auto& mod : m.plain) x = const_cast<torch::jit::Module&>(mod).forward({x}).toTensor();
+  if (m.moe_end) {
+    torch::Tensor a = const_cast<torch::jit::Module&>(m.attn).forward({x}).toTensor();
+    auto hg = const_cast<torch::jit::Module&>(m.router).forward({a}).toTuple();
+    return {a, hg->elements()[0].toTensor(), hg->elements()[1].toTensor()};
+  }
+  if (loss) return {loss(x)};
+  return {x};
+}
+
+// The outputs that receive a gradient, with it (a loss needs none).
+std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> roots(const PieceIO& io, const LossFn& loss,
+                                                                         const std::vector<torch::Tensor>& grads) {
+  if (loss) return {{io.outputs.at(0)}, {}};
+  std::vector<torch::Tensor> outs, gs;
+  for (size_t i = 0; i < io.outputs.size(); ++i)
+    if (i < grads.size() && grads[i].defined() && io.outputs[i].requires_grad()) {
+      outs.push_back(io.outputs[i]);
+      gs.push_back(grads[i]);
+    }
+  return {outs, gs};
+}
+}  // namespace
+
+void run_forward(const PieceModules& m, PieceIO& io, bool record, const LossFn& loss) {
+  MemScope scope(MemCategory::Activations);
+  if (!record) {
+    torch::NoGradGuard no_grad;
+    io.outputs = compute(m, io.inputs, loss);
+    io.recompute = true;
+    return;
+  }
+  io.outputs = compute(m, io.inputs, loss);
+}
+
+void run_backward(const PieceModules& m, PieceIO& io, ir::Op op, std::vector<torch::Tensor> grad_outputs,
+                  const LossFn& loss) {
+  MemScope scope(MemCategory::Activations);
+  if (io.recompute) {  // activation checkpointing: the forward again, now recording the graph
+    io.outputs = compute(m, io.inputs, loss);
+    io.recompute = false;
+  }
+  if (op == ir::Op::BW) grad_outputs = io.grad_outputs;  // the ones its input-gradient half received
+  else io.grad_outputs = grad_outputs;
+  auto [outs, grads] = roots(io, loss, grad_outputs);
+  std::vector<torch::Tensor> leaves;
+  for (const auto& x : io.inputs)
+    if (x.requires_grad()) leaves.push_back(x);
+  io.grad_inputs.assign(io.inputs.size(), torch::Tensor());
+  if (op == ir::Op::BI) {
+    if (!leaves.empty() && !outs.empty()) {
+      auto g = torch::autograd::grad(outs, leaves, grads, /*retain_graph=*/true, /*create_graph=*/false,
+                                     /*allow_unused=*/true);
+      for (size_t i = 0, k = 0; i < io.inputs.size(); ++i)
+        if (io.inputs[i].requires_grad()) io.grad_inputs[i] = g[k++];
+    }
+    return;
+  }
+  if (!outs.empty()) torch::autograd::backward(outs, grads);
+  if (op == ir::Op::B)
+    for (size_t i = 0; i < io.inputs.size(); ++i)
+      if (io.inputs[i].requires_grad()) io.grad_inputs[i] = io.inputs[i].grad();
+  // The activations are released with the graph; the input gradients stay for their consumers.
+  io.outputs.clear();
+  io.grad_outputs.clear();
+  io.inputs.clear();
+}
+
+}  // namespace piper::runtime

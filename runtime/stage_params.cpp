@@ -1,0 +1,330 @@
+#include "runtime/stage_params.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <ATen/native/Resize.h>
+#include <cmath>
+
+#include "runtime/memory_counter.h"
+
+namespace piper::runtime {
+
+namespace {
+// The optimizer works in chunks so its temporaries stay small whatever the shard size.
+constexpr int64_t kOptimizerChunk = 1 << 20;
+
+void resize_storage(const torch::Tensor& t, int64_t elements) {
+  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), static_cast<size_t>(elements) * sizeof(float));
+}
+}  // namespace
+
+torch::Tensor module_parameter(const torch::jit::Module& m, const std::string& name) {
+  torch::jit::Module cur = m;
+  size_t start = 0;
+  for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', start)) {
+    cur = cur.attr(name.substr(start, dot - start)).toModule();
+    start = dot + 1;
+  }
+  return cur.attr(name.substr(start)).toTensor();
+}
+
+void FlatOptimizer::add(torch::Tensor param, torch::Tensor grad) {
+  MemScope scope(MemCategory::Optimizer);
+  Slot s{std::move(param), std::move(grad), {}, {}};
+  if (o_.kind == "adamw") {
+    s.exp_avg = torch::zeros_like(s.param);
+    s.exp_avg_sq = torch::zeros_like(s.param);
+  }
+  slots_.push_back(std::move(s));
+}
+
+int64_t FlatOptimizer::state_bytes() const {
+  int64_t b = 0;
+  for (const auto& s : slots_)
+    if (s.exp_avg.defined()) b += (s.exp_avg.numel() + s.exp_avg_sq.numel()) * 4;
+  return b;
+}
+
+void FlatOptimizer::step() {
+  torch::NoGradGuard no_grad;
+  MemScope scope(MemCategory::Optimizer);
+  ++steps_;
+  if (o_.kind != "adamw") {
+    for (auto& s : slots_) s.param.add_(s.grad, -o_.lr);
+    return;
+  }
+  // torch::optim::AdamW's arithmetic, elementwise, so flat and per-parameter updates agree.
+  const double bc1 = 1 - std::pow(o_.beta1, double(steps_)), bc2 = 1 - std::pow(o_.beta2, double(steps_));
+  const double step_size = o_.lr / bc1, root_bc2 = std::sqrt(bc2);
+  for (auto& s : slots_)
+    for (int64_t a = 0; a < s.param.numel(); a += kOptimizerChunk) {
+      const int64_t n = std::min(kOptimizerChunk, s.param.numel() - a);
+      auto p = s.param.narrow(0, a, n), g = s.grad.narrow(0, a, n);
+      auto m = s.exp_avg.narrow(0, a, n), v = s.exp_avg_sq.narrow(0, a, n);
+      m.mul_(o_.beta1).add_(g, 1 - o_.beta1);
+      v.mul_(o_.beta2).addcmul_(g, g, 1 - o_.beta2);
+      auto denom = (v.sqrt() / root_bc2).add_(o_.eps);
+      p.addcdiv_(m, denom, -step_size);
+    }
+}
+
+StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense, std::vector<torch::Tensor> experts,
+                         int64_t expert_replicas, const OptimizerOptions& opt, Communicator& comm)
+    : view_(view), comm_(comm), dense_(std::move(dense)), experts_(std::move(experts)),
+      expert_replicas_(expert_replicas), optimizer_(opt) {
+  torch::NoGradGuard no_grad;
+  const ir::StageFacts& f = *view_.facts;
+  const ir::Replication& rep = f.replication;
+  const int zero = rep.axis >= 0 ? rep.zero : 0;
+  for (const auto& slot : f.dense) offset_.push_back(slot.offset);
+  for (size_t i = 0; i < dense_.size(); ++i)
+    if (dense_[i].numel() != f.dense[i].numel)
+      throw std::runtime_error(fmt::format("stage {}: parameter {} has {} elements, the manifest says {}", view_.stage, i,
+                                           dense_[i].numel(), f.dense[i].numel));
+  auto view_into = [&](torch::Tensor& p, const torch::Tensor& flat, int64_t at) {
+    p.set_data(flat.narrow(0, at, p.numel()).view(p.sizes()));
+  };
+  if (zero < 3) {
+    {
+      MemScope scope(MemCategory::Params);
+      flat_ = torch::empty({f.dense_elems});
+    }
+    for (size_t i = 0; i < dense_.size(); ++i) {
+      flat_.narrow(0, offset_[i], dense_[i].numel()).copy_(dense_[i].detach().reshape({-1}));
+      view_into(dense_[i], flat_, offset_[i]);
+    }
+    if (zero <= 1) {
+      MemScope scope(MemCategory::Grads);
+      grad_ = torch::zeros({f.dense_elems});
+      for (size_t i = 0; i < dense_.size(); ++i)
+        dense_[i].mutable_grad() = grad_.narrow(0, offset_[i], dense_[i].numel()).view(dense_[i].sizes());
+    }
+    if (zero == 0) {
+      optimizer_.add(flat_, grad_);
+    } else {
+      for (size_t b = 0; b < rep.buckets.size(); ++b) {
+        const ir::Range mine = view_.my_shard(b);
+        {
+          MemScope scope(MemCategory::Grads);
+          shard_grad_.push_back(torch::zeros({mine.size()}));
+        }
+        optimizer_.add(flat_.narrow(0, mine.begin, mine.size()), shard_grad_.back());
+      }
+    }
+  } else {
+    // ZeRO-3: each unit has its own storage, full only while a piece uses it; between uses this
+    // rank keeps only its shard of each unit.
+    for (size_t u = 0; u < rep.units.size(); ++u) {
+      const ir::Range unit = rep.units[u], mine = view_.my_unit_shard(u);
+      torch::Tensor storage;
+      {
+        MemScope scope(MemCategory::Gather);
+        storage = torch::empty({unit.size()});
+      }
+      for (size_t i : params_in(unit)) {
+        storage.narrow(0, offset_[i] - unit.begin, dense_[i].numel()).copy_(dense_[i].detach().reshape({-1}));
+        view_into(dense_[i], storage, offset_[i] - unit.begin);
+      }
+      {
+        MemScope scope(MemCategory::Params);
+        shard_param_.push_back(storage.narrow(0, mine.begin - unit.begin, mine.size()).clone());
+      }
+      {
+        MemScope scope(MemCategory::Grads);
+        shard_grad_.push_back(torch::zeros({mine.size()}));
+      }
+      optimizer_.add(shard_param_.back(), shard_grad_.back());
+      resize_storage(storage, 0);
+      unit_.push_back(storage);
+    }
+    holders_.assign(rep.units.size(), 0);
+    for (const auto& b : rep.buckets)
+      grad_shard_of_.push_back(static_cast<size_t>(std::find(rep.units.begin(), rep.units.end(), b) - rep.units.begin()));
+  }
+  if (grad_shard_of_.empty())
+    for (size_t b = 0; b < shard_grad_.size(); ++b) grad_shard_of_.push_back(b);
+  if (!experts_.empty()) {
+    int64_t n = 0;
+    for (auto& p : experts_) n += p.numel();
+    {
+      MemScope scope(MemCategory::Params);
+      expert_flat_ = torch::empty({n});
+    }
+    {
+      MemScope scope(MemCategory::Grads);
+      expert_grad_ = torch::zeros({n});
+    }
+    int64_t at = 0;
+    for (auto& p : experts_) {
+      expert_flat_.narrow(0, at, p.numel()).copy_(p.detach().reshape({-1}));
+      view_into(p, expert_flat_, at);
+      p.mutable_grad() = expert_grad_.narrow(0, at, p.numel()).view(p.sizes());
+      at += p.numel();
+    }
+    optimizer_.add(expert_flat_, expert_grad_);
+  }
+  for (auto& p : dense_) p.set_requires_grad(true);
+  for (auto& p : experts_) p.set_requires_grad(true);
+}
+
+std::vector<size_t> StageParams::params_in(const ir::Range& r) const {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < dense_.size(); ++i)
+    if (offset_[i] >= r.begin && offset_[i] < r.end) out.push_back(i);
+  return out;
+}
+
+namespace {
+std::vector<size_t> overlapping(const std::vector<ir::Range>& ranges, const ir::Range& r) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < ranges.size(); ++i)
+    if (ranges[i].begin < r.end && r.begin < ranges[i].end) out.push_back(i);
+  return out;
+}
+}  // namespace
+
+std::vector<size_t> StageParams::units_in(const ir::Range& r) const { return overlapping(view_.facts->replication.units, r); }
+
+std::vector<size_t> StageParams::buckets_in(const ir::Range& r) const {
+  return overlapping(view_.facts->replication.buckets, r);
+}
+
+std::vector<size_t> StageParams::relative(const std::vector<int64_t>& shards) const {
+  std::vector<size_t> out;
+  for (int64_t o : shards) out.push_back(static_cast<size_t>(o - shards.front()));
+  return out;
+}
+
+void StageParams::start_step() {
+  torch::NoGradGuard no_grad;
+  if (grad_.defined()) grad_.zero_();
+  if (expert_grad_.defined()) expert_grad_.zero_();
+  for (auto& g : shard_grad_) g.zero_();
+  std::lock_guard lk(mu_);
+  mb_grads_.clear();
+}
+
+void StageParams::begin_backward(const ir::Range& range, int32_t mb) {
+  if (view_.zero() < 2) return;
+  torch::NoGradGuard no_grad;
+  const auto& buckets = view_.facts->replication.buckets;
+  for (size_t b : buckets_in(range)) {
+    torch::Tensor buf;
+    {
+      std::lock_guard lk(mu_);
+      auto [it, fresh] = mb_grads_.emplace(std::make_pair(mb, b), torch::Tensor());
+      if (fresh) {
+        MemScope scope(MemCategory::Grads);
+        it->second = torch::zeros({buckets[b].size()});
+      }
+      buf = it->second;
+    }
+    for (size_t i : params_in(buckets[b]))
+      dense_[i].mutable_grad() = buf.narrow(0, offset_[i] - buckets[b].begin, dense_[i].numel()).view(dense_[i].sizes());
+  }
+}
+
+void StageParams::end_backward(const ir::Range& range) {
+  if (view_.zero() < 2) return;
+  // The buffers stay (held by mb_grads_) until their reduce-scatter; the parameters let go.
+  for (size_t b : buckets_in(range))
+    for (size_t i : params_in(view_.facts->replication.buckets[b])) dense_[i].mutable_grad() = torch::Tensor();
+}
+
+void StageParams::all_reduce(size_t bucket) {
+  const ir::Range b = view_.facts->replication.buckets[bucket];
+  comm_.all_reduce_sum(grad_.data_ptr<float>() + b.begin, static_cast<size_t>(b.size()), view_.dp_group, kReplicaChannel);
+}
+
+void StageParams::reduce_scatter(size_t bucket, int32_t mb) {
+  const ir::Range b = view_.facts->replication.buckets[bucket];
+  torch::Tensor source;
+  if (mb < 0) {
+    source = grad_.narrow(0, b.begin, b.size());
+  } else {
+    std::lock_guard lk(mu_);
+    source = mb_grads_.at({mb, bucket});
+  }
+  const auto offsets = relative(view_.bucket_shards[bucket]);
+  torch::Tensor& shard = shard_grad_[grad_shard_of_[bucket]];
+  torch::Tensor out;
+  {
+    MemScope scope(MemCategory::Comm);
+    out = mb < 0 ? shard : torch::empty({shard.numel()});
+  }
+  comm_.reduce_scatter_sum(source.data_ptr<float>(), out.data_ptr<float>(), offsets, view_.dp_group, kReplicaChannel);
+  if (mb >= 0) {
+    torch::NoGradGuard no_grad;
+    shard.add_(out);  // accumulate microbatches into the shard
+    std::lock_guard lk(mu_);
+    mb_grads_.erase({mb, bucket});  // the full bucket is no longer needed
+  }
+}
+
+void StageParams::all_gather(size_t bucket) {
+  const ir::Range b = view_.facts->replication.buckets[bucket];
+  // The updated shard already sits in place inside the flat parameters.
+  comm_.all_gather(nullptr, flat_.data_ptr<float>() + b.begin, relative(view_.bucket_shards[bucket]), view_.dp_group,
+                   kReplicaChannel);
+}
+
+void StageParams::gather_unit(size_t u) {
+  const ir::Range unit = view_.facts->replication.units[u];
+  torch::Tensor target;
+  {
+    std::lock_guard lk(mu_);
+    MemScope scope(MemCategory::Gather);
+    if (holders_[u]++ == 0) {
+      resize_storage(unit_[u], unit.size());
+      target = unit_[u];
+    } else {
+      // Already materialized for another microbatch or direction: the values are the same, but
+      // writing into storage a running piece reads would race; gather into a scratch buffer.
+      target = torch::empty({unit.size()});
+    }
+  }
+  // The storage is written by the communicator, not by a tensor op, so the version counters the
+  // saved autograd graphs check stay as they were (the FSDP technique).
+  comm_.all_gather(shard_param_[u].data_ptr<float>(), target.data_ptr<float>(), relative(view_.unit_shards[u]),
+                   view_.dp_group, kReplicaChannel);
+}
+
+void StageParams::release_units(const ir::Range& range) {
+  std::lock_guard lk(mu_);
+  for (size_t u : units_in(range))
+    if (--holders_[u] == 0) resize_storage(unit_[u], 0);
+}
+
+void StageParams::update() {
+  torch::NoGradGuard no_grad;
+  const ir::Replication& rep = view_.facts->replication;
+  const double ways = static_cast<double>(std::max<size_t>(1, view_.dp_group.size()));
+  if (rep.axis >= 0) {
+    if (rep.zero == 0) grad_.div_(ways);
+    for (auto& g : shard_grad_) g.div_(ways);
+  }
+  if (expert_grad_.defined() && expert_replicas_ > 1) expert_grad_.div_(static_cast<double>(expert_replicas_));
+  optimizer_.step();
+}
+
+std::pair<double, double> StageParams::checksum(bool owner_of_replicated) const {
+  double sum = 0, sumsq = 0;
+  auto add = [&](const torch::Tensor& t) {
+    auto d = t.detach().to(torch::kDouble);
+    sum += d.sum().item<double>();
+    sumsq += (d * d).sum().item<double>();
+  };
+  const ir::Replication& rep = view_.facts->replication;
+  if (rep.axis >= 0 && rep.zero == 3) {
+    for (const auto& s : shard_param_) add(s);
+  } else if (rep.axis >= 0 && rep.zero > 0) {
+    for (size_t b = 0; b < rep.buckets.size(); ++b) add(flat_.narrow(0, view_.my_shard(b).begin, view_.my_shard(b).size()));
+  } else if (owner_of_replicated) {
+    add(flat_);
+  }
+  if (expert_flat_.defined()) add(expert_flat_);
+  return {sum, sumsq};
+}
+
+}  // namespace piper::runtime

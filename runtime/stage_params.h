@@ -1,0 +1,90 @@
+// A stage's parameters as flat buffers laid out as the plan's facts say (FSDP's flat parameter,
+// DDP's gradient buckets as views): gradients, ZeRO-1/2/3 shards and gathers, and a fused optimizer.
+// Runtime-internal (LibTorch inside).
+#pragma once
+#include <torch/script.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/communicator.h"
+#include "runtime/rank_view.h"
+
+namespace piper::runtime {
+
+struct OptimizerOptions {
+  std::string kind = "adamw";  // adamw | sgd
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // torch::optim::AdamW's defaults, no weight decay
+};
+
+// AdamW (or SGD) over flat tensors: a few large elementwise passes instead of one per parameter,
+// with the same arithmetic as torch::optim::AdamW so results match the reference trainer.
+class FlatOptimizer {
+ public:
+  explicit FlatOptimizer(OptimizerOptions o) : o_(std::move(o)) {}
+  // A parameter range and its gradient (same size); state is allocated here (category optimizer).
+  void add(torch::Tensor param, torch::Tensor grad);
+  void step();
+  int64_t state_bytes() const;
+
+ private:
+  struct Slot {
+    torch::Tensor param, grad, exp_avg, exp_avg_sq;
+  };
+  OptimizerOptions o_;
+  std::vector<Slot> slots_;
+  int64_t steps_ = 0;
+};
+
+class StageParams {
+ public:
+  // `dense`: the stage's dense parameters in layout order (facts.dense); `experts`: the parameters of
+  // this rank's experts, trained here alone; their gradients come from every rank of the expert
+  // group's tokens, so they are divided by `expert_replicas` (each replica's loss is its own mean).
+  StageParams(const StageView& view, std::vector<torch::Tensor> dense, std::vector<torch::Tensor> experts,
+              int64_t expert_replicas, const OptimizerOptions& opt, Communicator& comm);
+
+  void start_step();  // gradients to zero
+  // The backward of a piece over `range` for microbatch `mb` starts / ends (ZeRO-2/3: its gradients
+  // go to this microbatch's bucket buffers, reduce-scattered and freed by the comm stream).
+  void begin_backward(const ir::Range& range, int32_t mb);
+  void end_backward(const ir::Range& range);
+  // Collectives of the stage's replication, by bucket (or ZeRO-3 unit).
+  void all_reduce(size_t bucket);
+  void reduce_scatter(size_t bucket, int32_t mb);  // mb -1: once per step (ZeRO-1)
+  void all_gather(size_t bucket);                  // ZeRO-1/2: updated parameters, after the update
+  void gather_unit(size_t unit);                   // ZeRO-3: before a piece uses the unit
+  void release_units(const ir::Range& range);      // ZeRO-3: after a piece used them
+  void update();
+  // Sum and sum of squares of what this rank owns (its shards, or everything on replica 0).
+  std::pair<double, double> checksum(bool owner_of_replicated) const;
+
+ private:
+  const StageView& view_;
+  Communicator& comm_;
+  std::vector<torch::Tensor> dense_, experts_;
+  int64_t expert_replicas_ = 1;
+  std::vector<int64_t> offset_;  // per dense parameter: its first element in the layout
+  torch::Tensor flat_, grad_;    // ZeRO 0-2: all parameters and (0-1) gradients, contiguous
+  torch::Tensor expert_flat_, expert_grad_;
+  // ZeRO-1/2: per bucket this rank's summed gradient shard. ZeRO-3: per unit, the shard of the
+  // parameters and of the gradients it owns, and the unit's storage (empty between uses).
+  std::vector<torch::Tensor> shard_grad_, shard_param_, unit_;
+  std::vector<size_t> grad_shard_of_;  // per bucket: its entry in shard_grad_ (ZeRO-3 lists them by unit)
+  std::vector<int> holders_;  // ZeRO-3: gathers of a unit not yet released
+  std::map<std::pair<int32_t, size_t>, torch::Tensor> mb_grads_;  // ZeRO-2/3: (microbatch, bucket) -> gradients
+  FlatOptimizer optimizer_;
+  mutable std::mutex mu_;  // compute and comm streams share the maps above
+
+  std::vector<size_t> params_in(const ir::Range& r) const;
+  std::vector<size_t> units_in(const ir::Range& r) const;
+  std::vector<size_t> buckets_in(const ir::Range& r) const;
+  std::vector<size_t> relative(const std::vector<int64_t>& shards) const;
+};
+
+// The tensor of parameter `name` ("w" or "sub.w") of a module.
+torch::Tensor module_parameter(const torch::jit::Module& m, const std::string& name);
+
+}  // namespace piper::runtime

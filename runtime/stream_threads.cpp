@@ -1,0 +1,101 @@
+#include "runtime/stream_threads.h"
+
+#include <fmt/format.h>
+
+#include "runtime/memory_counter.h"
+
+namespace piper::runtime {
+
+StreamThreads::StreamThreads(const ir::Graph& g, const sched::ClassProgram& program,
+                             const std::vector<std::vector<ir::NodeId>>& preds, int rank)
+    : g_(g), program_(program), preds_(preds), rank_(rank), done_(g.nodes.size(), 0) {
+  for (size_t s = 0; s < program_.streams.size(); ++s) threads_.emplace_back([this, s] { loop(s); });
+}
+
+StreamThreads::~StreamThreads() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+bool StreamThreads::ready(ir::NodeId v) const {
+  for (ir::NodeId u : preds_[static_cast<size_t>(v)])
+    if (!done_[static_cast<size_t>(u)]) return false;
+  return true;
+}
+
+std::string StreamThreads::run(int64_t step, const RunOp& op, const OnFailure& on_failure, std::vector<OpSpan>* spans) {
+  std::unique_lock lk(mu_);
+  std::fill(done_.begin(), done_.end(), 0);
+  failure_.clear();
+  finished_ = 0;
+  step_ = step;
+  op_ = &op;
+  on_failure_ = &on_failure;
+  spans_ = spans;
+  t0_ = std::chrono::steady_clock::now();
+  ++generation_;
+  cv_.notify_all();
+  cv_.wait(lk, [&] { return finished_ == threads_.size(); });
+  return failure_;
+}
+
+void StreamThreads::loop(size_t s) {
+  set_memory_rank(rank_);
+  const sched::StreamProgram& prog = program_.streams[s];
+  const std::string stream = g_.streams[prog.stream];
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+    }
+    for (ir::NodeId v : prog.ops) {
+      {
+        std::unique_lock lk(mu_);
+        cv_.wait(lk, [&] { return !failure_.empty() || ready(v); });
+        if (!failure_.empty()) break;
+      }
+      const auto a = std::chrono::steady_clock::now();
+      std::string error;
+      try {
+        (*op_)(v);
+      } catch (const std::exception& e) {
+        const std::string oom = take_out_of_memory();  // the clean message, whatever wrapped it
+        error = oom.empty() ? e.what() : oom;
+      }
+      const auto b = std::chrono::steady_clock::now();
+      if (!error.empty()) {
+        std::string msg;
+        {
+          std::lock_guard lk(mu_);
+          if (failure_.empty())
+            failure_ = msg = fmt::format("rank {}, step {}, op {} on stream {}: {}", rank_, step_, ir::token(g_.nodes[static_cast<size_t>(v)]),
+                                         stream, error);
+        }
+        cv_.notify_all();
+        if (!msg.empty()) try {
+            (*on_failure_)(msg);  // ends the job: no peer may wait for this rank
+          } catch (const std::exception&) {
+          }
+        break;
+      }
+      std::lock_guard lk(mu_);
+      if (spans_)
+        spans_->push_back(OpSpan{ir::token(g_.nodes[static_cast<size_t>(v)]), stream,
+                                 std::chrono::duration<double>(a - t0_).count(), std::chrono::duration<double>(b - t0_).count()});
+      done_[static_cast<size_t>(v)] = 1;
+      cv_.notify_all();
+    }
+    std::lock_guard lk(mu_);
+    ++finished_;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace piper::runtime

@@ -1,0 +1,63 @@
+// The stream threads of one rank: a thread per logical stream of its program, kept for the whole
+// run. Each step every thread runs its stream's ops in order, each once its predecessors on this
+// rank are done (events across streams); the first failure stops them all.
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ir/graph.h"
+#include "scheduler/schedule.h"
+
+namespace piper::runtime {
+
+struct OpSpan {  // what ran, for the trace
+  std::string token, stream;
+  double start = 0, end = 0;  // seconds since the step began
+};
+
+class StreamThreads {
+ public:
+  using RunOp = std::function<void(ir::NodeId)>;
+  // Called on the failing thread, at once (to abort the job so that no peer waits on this rank).
+  using OnFailure = std::function<void(const std::string& message)>;
+
+  StreamThreads(const ir::Graph& g, const sched::ClassProgram& program, const std::vector<std::vector<ir::NodeId>>& preds,
+                int rank);
+  ~StreamThreads();
+  StreamThreads(const StreamThreads&) = delete;
+  StreamThreads& operator=(const StreamThreads&) = delete;
+
+  // Runs every stream's ops of one step (1-based `step` in messages). Returns the first failure,
+  // "rank R, step S, op T on stream N: what", or "" when all ran.
+  std::string run(int64_t step, const RunOp& op, const OnFailure& on_failure, std::vector<OpSpan>* spans);
+
+ private:
+  void loop(size_t stream);
+  bool ready(ir::NodeId v) const;  // under mu_
+
+  const ir::Graph& g_;
+  const sched::ClassProgram& program_;
+  const std::vector<std::vector<ir::NodeId>>& preds_;
+  const int rank_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<char> done_;
+  uint64_t generation_ = 0;  // bumped per step; threads run one step per bump
+  size_t finished_ = 0;      // threads done with this step
+  bool stop_ = false;
+  std::string failure_;
+  int64_t step_ = 0;
+  const RunOp* op_ = nullptr;
+  const OnFailure* on_failure_ = nullptr;
+  std::vector<OpSpan>* spans_ = nullptr;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+}  // namespace piper::runtime

@@ -1,0 +1,176 @@
+#include "scheduler/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+#include "ir/emit.h"
+#include "ir/lower.h"
+#include "lang/units.h"
+
+namespace piper::sched {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+uint64_t fnv(uint64_t h, std::string_view s) {
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
+// The plan's identity: every class's stream programs (tokens in order) and the sizes they run with.
+uint64_t plan_hash(const ir::Graph& g, const Schedule& s) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (const auto& c : s.classes)
+    for (const auto& st : c.streams) {
+      h = fnv(h, g.streams[st.stream]);
+      for (ir::NodeId v : st.ops) h = fnv(h, ir::token(g.nodes[static_cast<size_t>(v)]) + ";");
+    }
+  const auto& f = g.facts;
+  return fnv(h, fmt::format("world={} mb={} samples={}", f.mesh.world(), f.microbatches, f.samples_per_microbatch));
+}
+
+std::optional<CostModel> cost_model(const PlanOptions& o, const ir::Graph& g, SourceManager& sources,
+                                    DiagnosticEngine& diags, PlanResult& r) {
+  if (o.machine_path.empty()) {
+    std::string error;
+    auto unit = parse_unit_costs(o.cost_spec, &error);
+    if (!unit) {
+      r.status = PlanStatus::IoError;
+      r.io_error = error;
+      return std::nullopt;
+    }
+    return CostModel::unit(*unit);
+  }
+  std::ifstream in(o.machine_path);
+  if (!in) {
+    r.status = PlanStatus::IoError;
+    r.io_error = fmt::format("{}: cannot open", o.machine_path);
+    return std::nullopt;
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  auto mc = parse_machine(sources.add(o.machine_path, text.str()), sources, diags);
+  if (!mc) return std::nullopt;
+  std::vector<std::string> axes;
+  for (const auto& a : g.facts.mesh.axes()) axes.push_back(a.name);
+  return CostModel::machine(*mc, axes, g.facts.samples_per_microbatch);
+}
+
+// Over budget: the error names the directive that decides the most memory — replication (ZeRO) for
+// model states, the split for activations — with its use chain.
+void check_budget(const Plan& p, double budget, DiagnosticEngine& diags) {
+  const auto worst = *std::max_element(p.memory.begin(), p.memory.end(), [](auto& a, auto& b) { return a.peak() < b.peak(); });
+  if (double(worst.peak()) <= budget) return;
+  const bool states = worst.params + worst.grads + worst.optimizer > worst.peak_dynamic;
+  const Directive* culprit = nullptr;
+  for (const auto& d : p.strategy.directives)
+    if ((states && std::holds_alternative<ReplicateDirective>(d.body)) ||
+        (!states && std::holds_alternative<SplitDirective>(d.body)))
+      culprit = &d;
+  auto& d = diags.error(culprit ? culprit->loc : SourceLoc{},
+                        fmt::format("the plan needs {} on its fullest device, over the budget of {}",
+                                    human_bytes(double(worst.peak())), human_bytes(budget)));
+  d.note(SourceLoc{}, states ? "model states dominate: shard them further (replicate ... zero 3) or use more pipeline stages"
+                             : "activations dominate: recompute, fewer microbatches in flight, or more pipeline stages");
+  if (culprit)
+    for (const Note& n : culprit->used_from) d.notes.push_back(n);
+}
+
+PlanResult compile_checked(PlanResult r, const PlanOptions& o, SourceManager& sources, DiagnosticEngine& diags) {
+  const CheckedStrategy& s = *r.strategy;
+  ir::LowerOptions lo;
+  lo.verify_each = o.verify_each;
+  lo.after_pass = o.after_pass;
+  if (o.cmd.batch_size) lo.samples_per_microbatch = std::max<int64_t>(1, s.samples_per_microbatch(*o.cmd.batch_size));
+  auto t = Clock::now();
+  auto g = ir::lower(s, *r.manifest, diags, lo);
+  r.timings.lower_s = since(t);
+  if (!g) {
+    r.status = PlanStatus::Invalid;
+    return r;
+  }
+  auto costs = cost_model(o, *g, sources, diags, r);
+  if (!costs) {
+    if (r.status == PlanStatus::Ok) r.status = PlanStatus::Invalid;
+    return r;
+  }
+  t = Clock::now();
+  auto sch = schedule(*g, *costs, diags);
+  if (sch)
+    if (auto hang = find_deadlock(*g, *sch)) {
+      diags.error(SourceLoc{}, *hang);
+      sch.reset();
+    }
+  if (!sch) {
+    r.status = PlanStatus::Invalid;
+    return r;
+  }
+  Plan p{*r.manifest, s, std::move(*g), std::move(*sch), *costs, {}, 0};
+  p.memory = memory_use(p.dag, p.schedule, p.manifest);
+  p.hash = plan_hash(p.dag, p.schedule);
+  r.timings.schedule_s = since(t);
+  if (o.memory_budget) {
+    const size_t before = diags.error_count();
+    check_budget(p, *o.memory_budget, diags);
+    if (diags.error_count() > before) {
+      r.status = PlanStatus::Invalid;
+      return r;
+    }
+  }
+  r.plan = std::move(p);
+  return r;
+}
+}  // namespace
+
+PlanResult compile_plan(FileId strategy, const Manifest& manifest, const PlanOptions& options, SourceManager& sources,
+                        DiagnosticEngine& diags) {
+  PlanResult r;
+  r.manifest = manifest;
+  auto t = Clock::now();
+  r.strategy = check_text(strategy, manifest, options.cmd, sources, diags);
+  r.timings.check_s = since(t);
+  if (!r.strategy) {
+    r.status = PlanStatus::Invalid;
+    return r;
+  }
+  return compile_checked(std::move(r), options, sources, diags);
+}
+
+PlanResult compile_plan(const std::string& model_path, const std::string& strategy_path, const PlanOptions& options,
+                        SourceManager& sources, DiagnosticEngine& diags) {
+  auto t = Clock::now();
+  FrontendResult f = run_frontend(model_path, strategy_path, options.cmd, sources, diags);
+  PlanResult r;
+  r.timings.check_s = since(t);
+  r.manifest = std::move(f.manifest);
+  r.strategy = std::move(f.strategy);
+  r.io_error = f.io_error;
+  r.status = f.status == FrontendStatus::Ok ? PlanStatus::Ok
+           : f.status == FrontendStatus::IoError ? PlanStatus::IoError : PlanStatus::Invalid;
+  if (r.status != PlanStatus::Ok) return r;
+  return compile_checked(std::move(r), options, sources, diags);
+}
+
+std::string render_errors(const PlanResult& r, const DiagnosticEngine& diags) {
+  std::ostringstream out;
+  diags.print_all(out);
+  if (!r.io_error.empty()) out << r.io_error << "\n";
+  return out.str();
+}
+
+std::optional<Plan> compile_plan(const std::string& model_path, const std::string& strategy_path,
+                                 const PlanOptions& options, std::string* errors) {
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  PlanResult r = compile_plan(model_path, strategy_path, options, sources, diags);
+  if (r.plan) return std::move(r.plan);
+  *errors = render_errors(r, diags);
+  return std::nullopt;
+}
+
+}  // namespace piper::sched

@@ -1,0 +1,71 @@
+// The plan compiler: model + strategy + settings -> the one plan every tool reads (checked strategy,
+// DAG with its facts, schedule, costs, memory, hash), or located errors. LibTorch-free.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "lang/frontend.h"
+#include "lang/manifest.h"
+#include "lang/strategy.h"
+#include "scheduler/cost_model.h"
+#include "scheduler/memory.h"
+#include "scheduler/schedule.h"
+
+namespace piper::sched {
+
+struct PlanOptions {
+  CommandLine cmd;                      // --np, --set, --batch-size, search path
+  std::string machine_path;             // costs from a machine description; empty: unit costs
+  std::string cost_spec;                // unit costs, F=1,B=2,W=1,comm=0 (when no machine)
+  std::optional<double> memory_budget;  // bytes per device; exceeding it is an error at the directive that decides
+  bool verify_each = false;             // the DAG verifier after every lowering pass
+  std::function<void(const char* pass, const ir::Graph&)> after_pass;  // --print-after
+};
+
+struct Plan {
+  Manifest manifest;
+  CheckedStrategy strategy;  // for reports and --emit ast; everything downstream reads dag.facts
+  ir::Graph dag;
+  Schedule schedule;
+  CostModel costs;
+  std::vector<MemoryUse> memory;  // per schedule class
+  uint64_t hash = 0;              // of every rank's programs and the facts: ranks compare it before step 1
+
+  int64_t samples_per_microbatch() const { return dag.facts.samples_per_microbatch; }
+};
+
+// Where the time went, for benches.
+struct PlanTimings {
+  double check_s = 0, lower_s = 0, schedule_s = 0;
+};
+
+enum class PlanStatus { Ok, Invalid, IoError };
+
+struct PlanResult {
+  PlanStatus status = PlanStatus::Ok;
+  std::string io_error;             // IoError: what could not be read (a file, an option's value)
+  std::optional<Manifest> manifest;  // as far as it got
+  std::optional<CheckedStrategy> strategy;
+  std::optional<Plan> plan;         // Ok only
+  PlanTimings timings;
+};
+
+// Reads MODEL (manifest .json or model.pt) and STRATEGY, and compiles them.
+PlanResult compile_plan(const std::string& model_path, const std::string& strategy_path, const PlanOptions& options,
+                        SourceManager& sources, DiagnosticEngine& diags);
+// The same for strategy text already in `sources` against a parsed manifest (tests, benches, the fuzzer).
+PlanResult compile_plan(FileId strategy, const Manifest& manifest, const PlanOptions& options, SourceManager& sources,
+                        DiagnosticEngine& diags);
+
+// The rendered diagnostics (and an I/O error) of a failed compilation, for tools that print one message.
+std::string render_errors(const PlanResult& r, const DiagnosticEngine& diags);
+
+// Compiles, or returns nothing with the rendered errors in `errors` (piper-run, tests, benches).
+std::optional<Plan> compile_plan(const std::string& model_path, const std::string& strategy_path,
+                                 const PlanOptions& options, std::string* errors);
+
+}  // namespace piper::sched
