@@ -13,10 +13,10 @@ struct Pipe {
   NodeId f0, f1, send, recv;
   Pipe() {
     GroupId r0 = g.group({0}), r1 = g.group({1});
-    f0 = g.add(Node{Op::F, Payload::None, 0, 0, -1, 0, 0, 0, -1, -1, r0, -1, 0});
-    f1 = g.add(Node{Op::F, Payload::None, 0, 0, -1, 1, 0, 0, -1, -1, r1, -1, 0});
-    send = g.add(Node{Op::Send, Payload::Act, 0, 2, -1, 0, 0, 0, -1, -1, r0, 0, 64});
-    recv = g.add(Node{Op::Recv, Payload::Act, 0, 2, -1, 1, 0, 0, -1, -1, r1, 0, 64});
+    f0 = g.add(Node{.op = Op::F, .stage = 0, .microbatch = 0, .ranks = r0});
+    f1 = g.add(Node{.op = Op::F, .stage = 1, .microbatch = 0, .ranks = r1});
+    send = g.add(Node{.op = Op::Send, .payload = Payload::Act, .stream = 2, .stage = 0, .microbatch = 0, .ranks = r0, .axis = 0, .bytes = 64});
+    recv = g.add(Node{.op = Op::Recv, .payload = Payload::Act, .stream = 2, .stage = 1, .microbatch = 0, .ranks = r1, .axis = 0, .bytes = 64});
     g.connect(f0, send, EdgeKind::Data, 64);
     g.connect(send, recv, EdgeKind::Data, 64);
     g.connect(recv, f1, EdgeKind::Data, 64);
@@ -58,15 +58,15 @@ TEST_CASE("the verifier catches broken graphs") {
   }
   SUBCASE("a backward without its forward") {
     Pipe p;
-    p.g.add(Node{Op::B, Payload::None, 0, 0, -1, 1, 0, 0, -1, -1, p.g.nodes[1].ranks, -1, 0});
+    p.g.add(Node{.op = Op::B, .stage = 1, .microbatch = 0, .ranks = p.g.nodes[1].ranks});
     CHECK(says(verify(p.g), "1B0 does not follow its forward"));
   }
   SUBCASE("gradients that reach an update both reduced and not") {
     Pipe p;
     GroupId r0 = p.g.nodes[0].ranks;
-    NodeId b = p.g.add(Node{Op::B, Payload::None, 0, 0, -1, 0, 0, 0, -1, -1, r0, -1, 0});
-    NodeId u = p.g.add(Node{Op::U, Payload::None, 0, 0, -1, 0, -1, 0, -1, -1, r0, -1, 0});
-    NodeId ar = p.g.add(Node{Op::AllReduce, Payload::Grad, kBackward, 1, -1, 0, -1, 0, 0, -1, r0, 0, 8});
+    NodeId b = p.g.add(Node{.op = Op::B, .stage = 0, .microbatch = 0, .ranks = r0});
+    NodeId u = p.g.add(Node{.op = Op::U, .stage = 0, .ranks = r0});
+    NodeId ar = p.g.add(Node{.op = Op::AllReduce, .payload = Payload::Grad, .flags = kBackward, .stream = 1, .stage = 0, .bucket = 0, .ranks = r0, .axis = 0, .bytes = 8});
     p.g.connect(p.f0, b, EdgeKind::Data);
     p.g.connect(b, u, EdgeKind::Data);
     p.g.connect(b, ar, EdgeKind::Data);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "lang/model_file.h"
+#include "lang/paths.h"
 
 namespace piper {
 
@@ -25,9 +26,7 @@ std::vector<std::string> default_search_path() {
       start = colon + 1;
     }
   }
-#ifdef PIPER_STRATEGY_DIR
-  out.push_back(PIPER_STRATEGY_DIR);
-#endif
+  out.push_back(share_dir() + "/strategies");
   return out;
 }
 

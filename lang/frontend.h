@@ -38,7 +38,8 @@ FrontendResult run_frontend(const std::string& model_path, const std::string& st
 std::optional<CheckedStrategy> check_text(FileId strategy, const Manifest& m, const CommandLine& cmd,
                                           SourceManager& sources, DiagnosticEngine& diags);
 
-// Where the strategy library lives (compiled in; overridable with PIPER_STRATEGY_PATH).
+// Where `use` looks after the using file's folder: PIPER_STRATEGY_PATH, then the strategy library
+// (installed beside the tools, or in the source tree).
 std::vector<std::string> default_search_path();
 
 }  // namespace piper

@@ -43,7 +43,8 @@ std::string strategy_report(const CheckedStrategy& s, const Manifest& m) {
       else if constexpr (std::is_same_v<T, SplitDirective>) return "split";
       else if constexpr (std::is_same_v<T, OrderDirective>) return "order";
       else if constexpr (std::is_same_v<T, RecomputeDirective>) return "recompute";
-      else return "precision";
+      else if constexpr (std::is_same_v<T, PrecisionDirective>) return "precision";
+      else static_assert(unhandled<T>, "the report does not count this directive");
     }, d.body)]++;
   std::vector<std::string> cs;
   for (const auto& [k, n] : counts) cs.push_back(fmt::format("{} {}", n, k));

@@ -126,6 +126,8 @@ std::string print_strategy(const CheckedStrategy& s, const Manifest& m) {
             const char* name = x.dtype == DType::BF16 ? "bf16" : "fp32";
             if (x.regions == std::vector<RegionId>{0}) out += fmt::format("precision {};\n", name);
             else out += fmt::format("precision {} for {};\n", name, print_regions(x.regions, m));
+          } else {
+            static_assert(unhandled<T>, "print_strategy does not print this directive");
           }
         },
         d.body);

@@ -68,6 +68,11 @@ struct PrecisionDirective {
 using DirectiveBody = std::variant<PlaceDirective, ReplicateDirective, ShardDirective, SplitDirective,
                                    OrderDirective, RecomputeDirective, PrecisionDirective>;
 
+// For exhaustive visitors: `else static_assert(unhandled<T>, "...")` makes a directive that a
+// visitor forgets a compile error rather than a silent skip.
+template <typename T>
+inline constexpr bool unhandled = false;
+
 struct Directive {
   SourceLoc loc;  // the statement (for orders: one record per instance, all at the statement)
   DirectiveBody body;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "lang/paths.h"
 #include "runtime/executor.h"
 #include "runtime/mpi_communicator.h"
 #include "scheduler/plan.h"
@@ -65,7 +66,7 @@ int main(int argc, char** argv) {
   const bool lead = comm->rank() == 0;
   CLI::App app{"piper-run: train MODEL with STRATEGY; under mpirun, one executor per rank"};
   app.set_version_flag("--version", std::string("piper-run ") + PIPER_VERSION);
-  std::string model, strategy, data_path = std::string(PIPER_SOURCE_DIR) + "/data/corpus.txt", metrics_path, trace_path;
+  std::string model, strategy, data_path = share_dir() + "/data/corpus.txt", metrics_path, trace_path;
   std::string optimizer = "adamw";
   int64_t steps = 20, batch = 8, seq_len = 0, threads = 0;
   double lr = 1e-3;
