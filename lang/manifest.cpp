@@ -47,7 +47,10 @@ class Loader {
       return fail("version", fmt::format("manifest version {} is not supported; this Piper reads version {}",
                                          m.version, Manifest::kVersion));
     if (j.contains("model") && j["model"].is_object()) m.model_name = j["model"].value("name", "");
-    m.regions.push_back(Region{"", "", "model", true, -1, {}, {}, {}, {}, 0});
+    Region root;  // the whole model: an implicit group above every region
+    root.kind = "model";
+    root.implicit = true;
+    m.regions.push_back(std::move(root));
 
     if (!j.contains("regions") || !j["regions"].is_array() || j["regions"].empty())
       return fail("regions", "missing non-empty array \"regions\"");
@@ -132,6 +135,20 @@ class Loader {
       if (!j["flops"].is_number() || j["flops"].get<double>() < 0)
         return fail(where + ".flops", "flops must be a non-negative number"), false;
       r.flops = static_cast<int64_t>(j["flops"].get<double>());
+    }
+    if (j.contains("memory")) {
+      const json& mem = j["memory"];
+      RegionMemory rm;
+      for (auto [key, field] : {std::pair{"saved", &rm.saved}, std::pair{"forward_peak", &rm.forward_peak},
+                                std::pair{"backward_peak", &rm.backward_peak}}) {
+        const std::string at = fmt::format("{}.memory.{}", where, key);
+        const json* v = mem.is_object() && mem.contains(key) ? &mem[key] : nullptr;
+        if (!v || !v->is_array() || v->size() != 3 ||
+            std::any_of(v->begin(), v->end(), [](const json& x) { return !x.is_number_integer() || x.get<int64_t>() < 0; }))
+          return fail(at, "expected [bytes at 1, 2 and 4 samples] (non-negative integers)"), false;
+        *field = Measured{(*v)[0].get<int64_t>(), (*v)[1].get<int64_t>(), (*v)[2].get<int64_t>()};
+      }
+      r.memory = rm;
     }
     for (const char* key : {"input", "output"}) {
       if (!j.contains(key)) continue;

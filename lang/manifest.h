@@ -28,6 +28,24 @@ struct ParamSpec {
   int64_t bytes = 0;
 };
 
+// Activation memory of a region, measured at 1, 2 and 4 samples (piper-model does it with a counting
+// allocator); other sample counts interpolate, and extrapolate from 2 to 4. `saved` is what the
+// region holds from the end of its forward to its backward (its output included, its input not);
+// `forward_peak` the most above the level before its forward; `backward_peak` the most above the
+// level before its backward (its saved tensors and the output gradient already counted), its input
+// gradient included.
+struct Measured {
+  int64_t at1 = 0, at2 = 0, at4 = 0;
+  int64_t at(int64_t samples) const {
+    if (samples <= 1) return at1 * samples;
+    if (samples <= 2) return at1 + (at2 - at1) * (samples - 1);
+    return at2 + (at4 - at2) * (samples - 2) / 2;
+  }
+};
+struct RegionMemory {
+  Measured saved, forward_peak, backward_peak;
+};
+
 struct Region {
   std::string name;     // full dotted name; "" for the root
   std::string leaf;     // last name component ("3" for layers.3)
@@ -38,6 +56,7 @@ struct Region {
   std::vector<ParamSpec> params;   // parameters owned directly by this region
   std::optional<TensorSpec> input, output;
   int64_t flops = 0;  // forward FLOPs per sample for this region alone
+  std::optional<RegionMemory> memory;  // measured activation memory, running the region (subtree) alone
 };
 
 struct Manifest {

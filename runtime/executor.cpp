@@ -68,6 +68,7 @@ struct Executor::Impl {
   // ------------------------------------------------------------------ setup
   void setup() {
     set_memory_rank(comm.rank());
+    plain_interpreter();
     auto& impl = model.impl();
     seq = model_seq = impl.seq_len;
     if (opt.seq_len > 0) {
@@ -148,7 +149,7 @@ struct Executor::Impl {
         ++consumers[static_cast<size_t>(e.src)];
       }
     unread = std::make_unique<std::atomic<int>[]>(g.nodes.size());
-    threads = std::make_unique<StreamThreads>(g, view.program(plan), view.local_preds, comm.rank());
+    threads = std::make_unique<StreamThreads>(g, view.program(plan), view.local_preds, comm.rank(), [] { plain_interpreter(); });
   }
 
   // The child region of `under` with this kind (attention, router).
@@ -305,7 +306,8 @@ struct Executor::Impl {
       case Op::AllReduce: return params_of(n).all_reduce(static_cast<size_t>(n.bucket));
       case Op::ReduceScatter: return params_of(n).reduce_scatter(static_cast<size_t>(n.bucket), n.microbatch);
       case Op::AllGather:
-        if (n.flags & ir::kMaterialize) return params_of(n).gather_unit(static_cast<size_t>(n.bucket));
+        if (n.flags & ir::kMaterialize)
+          return params_of(n).gather_unit(static_cast<size_t>(n.bucket), consumers[static_cast<size_t>(v)]);
         return params_of(n).all_gather(static_cast<size_t>(n.bucket));
       case Op::AllToAll: return all_to_all(v);
       case Op::Broadcast: break;

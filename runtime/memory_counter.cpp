@@ -7,16 +7,16 @@
 
 #include <atomic>
 #include <mutex>
+#include <unordered_map>
 
 #include "lang/units.h"
 
 namespace piper::runtime {
 
 namespace {
-constexpr int kMaxRanks = 256;      // ranks of one process (fake worlds in tests)
-constexpr size_t kHeader = 64;      // keeps the data 64-byte aligned, as LibTorch's allocator does
+constexpr int kMaxRanks = 256;  // ranks of one process (fake worlds in tests)
 
-struct Header {
+struct Block {  // what a live allocation was charged to
   uint64_t bytes;
   int32_t rank;
   uint8_t category;
@@ -26,6 +26,9 @@ struct Counter {
   std::mutex mu;
   std::array<MemoryStats, kMaxRanks> stats{};
   std::array<int64_t, kMaxRanks> limit{};
+  // LibTorch's raw_allocate needs the data pointer to be the context, so the bookkeeping lives
+  // beside the allocation rather than in a header before it.
+  std::unordered_map<void*, Block> blocks;
 };
 Counter& counter() {
   static Counter c;
@@ -37,16 +40,19 @@ thread_local MemCategory t_category = MemCategory::Other;
 thread_local std::string t_oom;
 std::atomic<bool> installed{false};
 
-void release(void* ctx) {
-  auto* h = static_cast<Header*>(ctx);
+void release(void* ptr) {
   {
     Counter& c = counter();
     std::lock_guard lk(c.mu);
-    MemoryStats& s = c.stats[static_cast<size_t>(h->rank)];
-    s.live -= static_cast<int64_t>(h->bytes);
-    s.live_by[h->category] -= static_cast<int64_t>(h->bytes);
+    auto it = c.blocks.find(ptr);
+    if (it != c.blocks.end()) {
+      MemoryStats& s = c.stats[static_cast<size_t>(it->second.rank)];
+      s.live -= static_cast<int64_t>(it->second.bytes);
+      s.live_by[it->second.category] -= static_cast<int64_t>(it->second.bytes);
+      c.blocks.erase(it);
+    }
   }
-  c10::free_cpu(ctx);
+  c10::free_cpu(ptr);
 }
 
 class CountingAllocator final : public c10::Allocator {
@@ -54,6 +60,7 @@ class CountingAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) const override {
     const int rank = t_rank;
     const auto cat = static_cast<uint8_t>(t_category);
+    void* data = c10::alloc_cpu(n);
     {
       Counter& c = counter();
       std::lock_guard lk(c.mu);
@@ -62,8 +69,10 @@ class CountingAllocator final : public c10::Allocator {
       if (limit > 0 && s.live + static_cast<int64_t>(n) > limit) {
         t_oom = fmt::format("out of memory: needs {} more ({} live), limit {}", human_bytes(double(n)),
                             human_bytes(double(s.live)), human_bytes(double(limit)));
+        c10::free_cpu(data);
         throw OutOfMemory(t_oom);
       }
+      c.blocks[data] = Block{n, rank, cat};
       s.live += static_cast<int64_t>(n);
       s.live_by[cat] += static_cast<int64_t>(n);
       ++s.allocations;
@@ -72,28 +81,11 @@ class CountingAllocator final : public c10::Allocator {
         s.at_peak = s.live_by;
       }
     }
-    void* base = c10::alloc_cpu(n + kHeader);
-    auto* h = static_cast<Header*>(base);
-    h->bytes = n;
-    h->rank = rank;
-    h->category = cat;
-    return {static_cast<char*>(base) + kHeader, base, &release, c10::Device(c10::DeviceType::CPU)};
+    return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
 };
 }  // namespace
-
-const char* mem_category_name(MemCategory c) {
-  switch (c) {
-    case MemCategory::Params: return "params";
-    case MemCategory::Grads: return "grads";
-    case MemCategory::Optimizer: return "optimizer";
-    case MemCategory::Activations: return "activations";
-    case MemCategory::Comm: return "comm";
-    case MemCategory::Gather: return "gather";
-    case MemCategory::Other: return "other";
-  }
-  return "?";
-}
 
 void install_memory_counter() {
   static CountingAllocator allocator;

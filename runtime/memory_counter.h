@@ -6,12 +6,15 @@
 #include <stdexcept>
 #include <string>
 
+#include "scheduler/memory.h"
+
 namespace piper::runtime {
 
-// What a tensor's storage is for; the executor says it around each op (the thread's current tag).
-enum class MemCategory : uint8_t { Params, Grads, Optimizer, Activations, Comm, Gather, Other };
-inline constexpr int kMemCategories = 7;
-const char* mem_category_name(MemCategory c);  // params, grads, optimizer, activations, comm, gather, other
+// What a tensor's storage is for (the memory model's categories); the executor says it around
+// each op (the thread's current tag).
+using sched::MemCategory;
+using sched::kMemCategories;
+using sched::mem_category_name;
 
 struct MemoryStats {
   int64_t live = 0, peak = 0;                        // bytes of tensor storage

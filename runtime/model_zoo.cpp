@@ -1,9 +1,14 @@
 #include "runtime/model_zoo.h"
+#include "runtime/region_memory.h"
+#include "runtime/region_model.h"
 
 #include <fmt/format.h>
 #include <torch/script.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -157,8 +162,9 @@ def forward(self, x):
 )";
 }  // namespace
 
-void save_model(const ModelConfig& c, const std::string& path) {
-  std::string manifest = manifest_json(c);
+namespace {
+// The TorchScript module of a configuration, weights initialised from the seed.
+Module build(const ModelConfig& c) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(c.seed);
   auto cu = std::make_shared<torch::jit::CompilationUnit>();
@@ -224,7 +230,34 @@ void save_model(const ModelConfig& c, const std::string& path) {
   root.register_module("head", head);
   body += "    return self.head.forward(x)\n";
   root.define(body);
-  root.save(path, {{"piper/manifest.json", manifest}});
+  return root;
+}
+}  // namespace
+
+void save_model(const ModelConfig& c, const std::string& path) {
+  Module root = build(c);
+  root.save(path, {{"piper/manifest.json", manifest_json(c)}});
+  // Measure the regions' activation memory on the saved model, then save it again with the facts.
+  RegionModel model(path);
+  root.save(path, {{"piper/manifest.json", measure_manifest(model)}});
+}
+
+std::string measured_manifest_json(const ModelConfig& c) {
+  // A probe of the same shapes with one block measures what every block would.
+  ModelConfig probe = c;
+  probe.layers = 1;
+  const auto path = std::filesystem::temp_directory_path() / fmt::format("piper-probe-{}.pt", ::getpid());
+  build(probe).save(path.string(), {{"piper/manifest.json", manifest_json(probe)}});
+  std::string out;
+  try {
+    RegionModel model(path.string());
+    out = measure_manifest_like(model, manifest_json(c));
+  } catch (...) {
+    std::filesystem::remove(path);
+    throw;
+  }
+  std::filesystem::remove(path);
+  return out;
 }
 
 }  // namespace piper::runtime

@@ -13,11 +13,15 @@ struct ModelConfig {
   uint64_t seed = 0;
 };
 
-// The region manifest of a configuration (docs/manifest.md), computed without allocating weights.
+// The region manifest of a configuration (docs/manifest.md), computed without allocating weights
+// (and so without the measured activation memory).
 std::string manifest_json(const ModelConfig& c);
 
+// The same with every region's `memory` measured, on a one-block model of the same shapes.
+std::string measured_manifest_json(const ModelConfig& c);
+
 // Builds the TorchScript module with weights initialised from the seed and saves it, with its
-// manifest as the extra file piper/manifest.json. Throws std::runtime_error on failure.
+// manifest (memory measured) as the extra file piper/manifest.json. Throws std::runtime_error on failure.
 void save_model(const ModelConfig& c, const std::string& path);
 
 }  // namespace piper::runtime

@@ -2,6 +2,7 @@
 #include "runtime/region_model_impl.h"
 
 #include <fmt/format.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
 #include <nlohmann/json.hpp>
@@ -35,7 +36,10 @@ torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& 
 }
 }  // namespace
 
+void plain_interpreter() { torch::jit::setGraphExecutorOptimize(false); }
+
 RegionModel::RegionModel(const std::string& path) : impl_(std::make_unique<Impl>()) {
+  plain_interpreter();
   std::unordered_map<std::string, std::string> extra{{"piper/manifest.json", ""}};
   try {
     impl_->root = torch::jit::load(path, c10::nullopt, extra);

@@ -13,6 +13,12 @@ struct RegionCheck {
   size_t regions = 0, parameters = 0;
 };
 
+// Regions run in TorchScript's plain interpreter: the profiling executor re-specializes graphs after
+// their first runs, which changes what autograd saves (more memory from the second step on) and
+// spends seconds compiling; without it memory is the same every step, as measured. The setting is
+// per thread: call this on every thread that runs regions.
+void plain_interpreter();
+
 class RegionModel {
  public:
   // Loads MODEL (throws std::runtime_error naming the file and the problem).

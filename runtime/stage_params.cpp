@@ -105,7 +105,9 @@ StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense
     } else {
       for (size_t b = 0; b < rep.buckets.size(); ++b) {
         const ir::Range mine = view_.my_shard(b);
-        {
+        if (zero == 1) {  // the full gradients stay: the reduced shard goes back into its own place
+          shard_grad_.push_back(grad_.narrow(0, mine.begin, mine.size()));
+        } else {
           MemScope scope(MemCategory::Grads);
           shard_grad_.push_back(torch::zeros({mine.size()}));
         }
@@ -200,9 +202,13 @@ void StageParams::start_step() {
   torch::NoGradGuard no_grad;
   if (grad_.defined()) grad_.zero_();
   if (expert_grad_.defined()) expert_grad_.zero_();
-  for (auto& g : shard_grad_) g.zero_();
+  if (view_.zero() >= 2)
+    for (auto& g : shard_grad_) g.zero_();
   std::lock_guard lk(mu_);
   mb_grads_.clear();
+  reduced_.assign(shard_grad_.size(), false);
+  for (int h : holders_)
+    if (h != 0) throw std::logic_error("a ZeRO-3 unit is still held at the start of a step");
 }
 
 void StageParams::begin_backward(const ir::Range& range, int32_t mb) {
@@ -247,16 +253,23 @@ void StageParams::reduce_scatter(size_t bucket, int32_t mb) {
     source = mb_grads_.at({mb, bucket});
   }
   const auto offsets = relative(view_.bucket_shards[bucket]);
-  torch::Tensor& shard = shard_grad_[grad_shard_of_[bucket]];
-  torch::Tensor out;
-  {
+  const size_t k = grad_shard_of_[bucket];
+  torch::Tensor& shard = shard_grad_[k];
+  // The first reduction of a bucket in a step lands in the (zeroed) shard itself; later microbatches
+  // go through a scratch buffer and are added. ZeRO-1's shard is a view into the bucket it reduces,
+  // so its result goes through scratch too.
+  const bool direct = mb >= 0 && !reduced_[k];
+  torch::Tensor out = shard;
+  if (!direct) {
     MemScope scope(MemCategory::Comm);
-    out = mb < 0 ? shard : torch::empty({shard.numel()});
+    out = torch::empty({shard.numel()});
   }
   comm_.reduce_scatter_sum(source.data_ptr<float>(), out.data_ptr<float>(), offsets, view_.dp_group, kReplicaChannel);
+  torch::NoGradGuard no_grad;
+  if (mb < 0) shard.copy_(out);
+  else if (!direct) shard.add_(out);  // accumulate microbatches into the shard
+  reduced_[k] = true;
   if (mb >= 0) {
-    torch::NoGradGuard no_grad;
-    shard.add_(out);  // accumulate microbatches into the shard
     std::lock_guard lk(mu_);
     mb_grads_.erase({mb, bucket});  // the full bucket is no longer needed
   }
@@ -269,13 +282,15 @@ void StageParams::all_gather(size_t bucket) {
                    kReplicaChannel);
 }
 
-void StageParams::gather_unit(size_t u) {
+void StageParams::gather_unit(size_t u, int consumers) {
   const ir::Range unit = view_.facts->replication.units[u];
   torch::Tensor target;
   {
     std::lock_guard lk(mu_);
     MemScope scope(MemCategory::Gather);
-    if (holders_[u]++ == 0) {
+    const int before = holders_[u];
+    holders_[u] += consumers;  // each piece that uses this gather releases it once
+    if (before == 0) {
       resize_storage(unit_[u], unit.size());
       target = unit_[u];
     } else {
@@ -293,7 +308,7 @@ void StageParams::gather_unit(size_t u) {
 void StageParams::release_units(const ir::Range& range) {
   std::lock_guard lk(mu_);
   for (size_t u : units_in(range))
-    if (--holders_[u] == 0) resize_storage(unit_[u], 0);
+    if (holders_[u] > 0 && --holders_[u] == 0) resize_storage(unit_[u], 0);
 }
 
 void StageParams::update() {

@@ -55,7 +55,7 @@ class StageParams {
   void all_reduce(size_t bucket);
   void reduce_scatter(size_t bucket, int32_t mb);  // mb -1: once per step (ZeRO-1)
   void all_gather(size_t bucket);                  // ZeRO-1/2: updated parameters, after the update
-  void gather_unit(size_t unit);                   // ZeRO-3: before a piece uses the unit
+  void gather_unit(size_t unit, int consumers);    // ZeRO-3: before `consumers` pieces use the unit
   void release_units(const ir::Range& range);      // ZeRO-3: after a piece used them
   void update();
   // Sum and sum of squares of what this rank owns (its shards, or everything on replica 0).
@@ -73,7 +73,8 @@ class StageParams {
   // parameters and of the gradients it owns, and the unit's storage (empty between uses).
   std::vector<torch::Tensor> shard_grad_, shard_param_, unit_;
   std::vector<size_t> grad_shard_of_;  // per bucket: its entry in shard_grad_ (ZeRO-3 lists them by unit)
-  std::vector<int> holders_;  // ZeRO-3: gathers of a unit not yet released
+  std::vector<int> holders_;    // ZeRO-3: uses of a unit's gathers not yet released
+  std::vector<bool> reduced_;   // ZeRO-2/3: this step's first reduction of a shard is done
   std::map<std::pair<int32_t, size_t>, torch::Tensor> mb_grads_;  // ZeRO-2/3: (microbatch, bucket) -> gradients
   FlatOptimizer optimizer_;
   mutable std::mutex mu_;  // compute and comm streams share the maps above

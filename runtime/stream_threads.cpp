@@ -7,8 +7,8 @@
 namespace piper::runtime {
 
 StreamThreads::StreamThreads(const ir::Graph& g, const sched::ClassProgram& program,
-                             const std::vector<std::vector<ir::NodeId>>& preds, int rank)
-    : g_(g), program_(program), preds_(preds), rank_(rank), done_(g.nodes.size(), 0) {
+                             const std::vector<std::vector<ir::NodeId>>& preds, int rank, std::function<void()> thread_init)
+    : g_(g), program_(program), preds_(preds), rank_(rank), thread_init_(std::move(thread_init)), done_(g.nodes.size(), 0) {
   for (size_t s = 0; s < program_.streams.size(); ++s) threads_.emplace_back([this, s] { loop(s); });
 }
 
@@ -45,6 +45,7 @@ std::string StreamThreads::run(int64_t step, const RunOp& op, const OnFailure& o
 
 void StreamThreads::loop(size_t s) {
   set_memory_rank(rank_);
+  if (thread_init_) thread_init_();
   const sched::StreamProgram& prog = program_.streams[s];
   const std::string stream = g_.streams[prog.stream];
   uint64_t seen = 0;
@@ -88,7 +89,8 @@ void StreamThreads::loop(size_t s) {
       std::lock_guard lk(mu_);
       if (spans_)
         spans_->push_back(OpSpan{ir::token(g_.nodes[static_cast<size_t>(v)]), stream,
-                                 std::chrono::duration<double>(a - t0_).count(), std::chrono::duration<double>(b - t0_).count()});
+                                 std::chrono::duration<double>(a - t0_).count(), std::chrono::duration<double>(b - t0_).count(),
+                                 memory_stats(rank_).live});
       done_[static_cast<size_t>(v)] = 1;
       cv_.notify_all();
     }

@@ -19,6 +19,7 @@ namespace piper::runtime {
 struct OpSpan {  // what ran, for the trace
   std::string token, stream;
   double start = 0, end = 0;  // seconds since the step began
+  int64_t live_bytes = 0;     // this rank's tensor memory when the op ended (with the memory counter)
 };
 
 class StreamThreads {
@@ -27,8 +28,9 @@ class StreamThreads {
   // Called on the failing thread, at once (to abort the job so that no peer waits on this rank).
   using OnFailure = std::function<void(const std::string& message)>;
 
+  // `thread_init` runs first on every stream thread (thread-local settings of the libraries it calls).
   StreamThreads(const ir::Graph& g, const sched::ClassProgram& program, const std::vector<std::vector<ir::NodeId>>& preds,
-                int rank);
+                int rank, std::function<void()> thread_init);
   ~StreamThreads();
   StreamThreads(const StreamThreads&) = delete;
   StreamThreads& operator=(const StreamThreads&) = delete;
@@ -45,6 +47,7 @@ class StreamThreads {
   const sched::ClassProgram& program_;
   const std::vector<std::vector<ir::NodeId>>& preds_;
   const int rank_;
+  std::function<void()> thread_init_;
   std::vector<std::thread> threads_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -206,29 +206,56 @@ std::vector<RankStats> rank_stats(const ir::Graph& g, const Schedule& s) {
   return out;
 }
 
+namespace {
+// The class's fullest rank (ranks of a class differ only by a shard's rounding).
+const MemoryUse& fullest(const Schedule& s, const std::vector<MemoryUse>& mem, size_t c) {
+  const MemoryUse* best = &mem[static_cast<size_t>(s.classes[c].ranks.front())];
+  for (int32_t r : s.classes[c].ranks)
+    if (mem[static_cast<size_t>(r)].peak > best->peak) best = &mem[static_cast<size_t>(r)];
+  return *best;
+}
+int64_t cat(const MemoryUse& m, MemCategory c) { return m.at_peak[static_cast<size_t>(c)]; }
+}  // namespace
+
 std::string simulate_report(const ir::Graph& g, const Schedule& s, const std::vector<MemoryUse>& mem, double budget,
                             bool unit_costs, bool* over_budget) {
   auto stats = rank_stats(g, s);
-  std::string out = fmt::format("  {:<12} {:>10} {:>10} {:>8} {:>11} {:>11} {:>11} {:>11}  {}\n", "rank", "busy", "idle",
-                                "bubble", "params", "grads+opt", "activ.", "peak mem", budget > 0 ? "budget" : "");
+  std::string out = fmt::format("  {:<12} {:>10} {:>10} {:>8} {:>11} {:>11} {:>11} {:>11} {:>11}  {}\n", "rank", "busy", "idle",
+                                "bubble", "params", "grads+opt", "activ.", "buffers", "peak mem", budget > 0 ? "budget" : "");
   double sum_bubble = 0, max_peak = 0;
   *over_budget = false;
   for (size_t c : class_order(s)) {
-    const auto& m = mem[c];
-    bool over = budget > 0 && double(m.peak()) > budget;
+    const MemoryUse& m = fullest(s, mem, c);
+    bool over = budget > 0 && double(m.peak) > budget;
     *over_budget = *over_budget || over;
-    max_peak = std::max(max_peak, double(m.peak()));
+    max_peak = std::max(max_peak, double(m.peak));
     sum_bubble += stats[c].bubble();
-    out += fmt::format("  {:<12} {:>10} {:>10} {:>7.1f}% {:>11} {:>11} {:>11} {:>11}  {}\n", ir::rank_list(s.classes[c].ranks),
-                       human_time(stats[c].busy, unit_costs), human_time(stats[c].idle, unit_costs), 100 * stats[c].bubble(),
-                       human_bytes(double(m.params)), human_bytes(double(m.grads + m.optimizer)),
-                       human_bytes(double(m.peak_dynamic)), human_bytes(double(m.peak())),
-                       budget > 0 ? (over ? "OVER" : "ok") : "");
+    out += fmt::format("  {:<12} {:>10} {:>10} {:>7.1f}% {:>11} {:>11} {:>11} {:>11} {:>11}  {}\n",
+                       ir::rank_list(s.classes[c].ranks), human_time(stats[c].busy, unit_costs),
+                       human_time(stats[c].idle, unit_costs), 100 * stats[c].bubble(),
+                       human_bytes(double(cat(m, MemCategory::Params))),
+                       human_bytes(double(cat(m, MemCategory::Grads) + cat(m, MemCategory::Optimizer))),
+                       human_bytes(double(cat(m, MemCategory::Activations))),
+                       human_bytes(double(cat(m, MemCategory::Comm) + cat(m, MemCategory::Gather) + cat(m, MemCategory::Other))),
+                       human_bytes(double(m.peak)), budget > 0 ? (over ? "OVER" : "ok") : "");
   }
   out += fmt::format("  step time {}, mean bubble {:.1f}%, peak memory {}{}\n", human_time(s.step_time, unit_costs),
                      100 * sum_bubble / double(std::max<size_t>(1, s.classes.size())), human_bytes(max_peak),
                      budget > 0 ? fmt::format(" (budget {})", human_bytes(budget)) : "");
   return out;
+}
+
+std::string emit_sim_json(const ir::Graph& g, const Schedule& s, const std::vector<MemoryUse>& mem) {
+  auto stats = rank_stats(g, s);
+  nlohmann::json ranks = nlohmann::json::array();
+  for (size_t r = 0; r < mem.size(); ++r) {
+    const int32_t c = s.class_of_rank(static_cast<int32_t>(r));
+    nlohmann::json by;
+    for (int k = 0; k < kMemCategories; ++k) by[mem_category_name(static_cast<MemCategory>(k))] = mem[r].at_peak[static_cast<size_t>(k)];
+    ranks.push_back({{"rank", r}, {"peak_bytes", mem[r].peak}, {"busy", c >= 0 ? stats[static_cast<size_t>(c)].busy : 0.0},
+                     {"idle", c >= 0 ? stats[static_cast<size_t>(c)].idle : 0.0}, {"by_category", by}});
+  }
+  return nlohmann::json{{"step_time", s.step_time}, {"ranks", ranks}}.dump(1) + "\n";
 }
 
 }  // namespace piper::sched

@@ -21,6 +21,9 @@ struct RankStats {
 };
 std::vector<RankStats> rank_stats(const ir::Graph& g, const Schedule& s);
 
+// The simulated step for scripts: {"step_time", "ranks": [{"rank", "peak_bytes", "busy", "idle", "by_category"}]}.
+std::string emit_sim_json(const ir::Graph& g, const Schedule& s, const std::vector<MemoryUse>& mem);
+
 // The --simulate table; `budget` in bytes (0: none). `over_budget` is set when a class exceeds it.
 std::string simulate_report(const ir::Graph& g, const Schedule& s, const std::vector<MemoryUse>& mem, double budget,
                             bool unit_costs, bool* over_budget);

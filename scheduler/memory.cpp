@@ -2,103 +2,464 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
+#include <tuple>
 
 namespace piper::sched {
 
 using ir::Node;
+using ir::NodeId;
 using ir::Op;
 
-namespace {
-// Saved activations of one region per sample: its own output and its sub-regions' outputs.
-int64_t saved_bytes(const Manifest& m, RegionId r) {
-  int64_t b = 0;
-  if (const auto& out = m.regions[static_cast<size_t>(r)].output) {
-    int64_t n = dtype_bytes(out->dtype);
-    for (int64_t d : out->shape) n *= d;
-    b += n;
+const char* mem_category_name(MemCategory c) {
+  switch (c) {
+    case MemCategory::Params: return "params";
+    case MemCategory::Grads: return "grads";
+    case MemCategory::Optimizer: return "optimizer";
+    case MemCategory::Activations: return "activations";
+    case MemCategory::Comm: return "comm";
+    case MemCategory::Gather: return "gather";
+    case MemCategory::Other: return "other";
   }
-  for (RegionId c : m.regions[static_cast<size_t>(r)].children) b += saved_bytes(m, c);
-  return b;
+  return "?";
 }
-int64_t input_bytes(const Manifest& m, RegionId r) {
-  const auto& in = m.regions[static_cast<size_t>(r)].input;
-  if (!in) return 0;
-  int64_t n = dtype_bytes(in->dtype);
-  for (int64_t d : in->shape) n *= d;
+
+int64_t MemoryUse::resident_total() const {
+  int64_t t = 0;
+  for (int64_t b : resident) t += b;
+  return t;
+}
+
+int64_t MemoryUse::states() const {
+  return at_peak[size_t(MemCategory::Params)] + at_peak[size_t(MemCategory::Grads)] +
+         at_peak[size_t(MemCategory::Optimizer)] + at_peak[size_t(MemCategory::Gather)];
+}
+
+namespace {
+constexpr int64_t kFloat = 4;
+constexpr int64_t kOptimizerChunk = 1 << 20;  // elements per pass of the executor's optimizer
+
+int64_t spec_bytes(const std::optional<TensorSpec>& t, int64_t samples) {
+  if (!t) return 0;
+  int64_t n = dtype_bytes(t->dtype) * samples;
+  for (int64_t d : t->shape) n *= d;
   return n;
+}
+
+// Activation memory of running regions one after another as one piece, at `samples` samples:
+// saved (held until the piece's backward), the forward's peak above its starting level, the
+// backward's peak above its starting level (all saved tensors and the incoming gradient counted).
+struct PieceMemory {
+  int64_t saved = 0, forward_peak = 0, backward_peak = 0;
+  int64_t output = 0;  // the last region's output (what recomputation keeps)
+  int64_t input = 0;   // the first region's input (the size of the input gradient, when it has one)
+};
+
+struct RegionBytes {
+  int64_t saved, forward_peak, backward_peak, output;
+};
+
+// A region measured (manifest `memory`), or estimated when it was not: its and its sub-regions'
+// outputs held, its output as the backward's extra.
+RegionBytes region_bytes(const Manifest& m, RegionId r, int64_t samples) {
+  const Region& reg = m.regions[static_cast<size_t>(r)];
+  const int64_t out = spec_bytes(reg.output, samples);
+  if (reg.memory)
+    return {reg.memory->saved.at(samples), reg.memory->forward_peak.at(samples), reg.memory->backward_peak.at(samples),
+            out};
+  int64_t held = out;
+  for (RegionId c : reg.children) held += region_bytes(m, c, samples).saved;
+  return {held, held, out, out};
+}
+
+PieceMemory compose(const std::vector<RegionBytes>& rs, int64_t input) {
+  PieceMemory p;
+  p.input = input;
+  for (const RegionBytes& r : rs) {
+    p.forward_peak = std::max(p.forward_peak, p.saved + r.forward_peak);
+    p.saved += r.saved;
+  }
+  // Backward, last region first: the later regions' saved tensors are gone by then, the gradient of
+  // this region's output (the next one's input gradient) is live.
+  int64_t freed = 0;
+  for (size_t k = rs.size(); k-- > 0;) {
+    const int64_t grad_out = k + 1 < rs.size() ? rs[k].output : 0;
+    p.backward_peak = std::max(p.backward_peak, rs[k].backward_peak + grad_out - freed);
+    freed += rs[k].saved;
+  }
+  if (!rs.empty()) p.output = rs.back().output;
+  return p;
+}
+
+// The region of `kind` below `under` (the MoE contract: a block's attention and router).
+RegionId child_of_kind(const Manifest& m, RegionId under, const std::string& kind) {
+  for (size_t r = 0; r < m.regions.size(); ++r)
+    if (m.regions[r].kind == kind && m.is_ancestor(under, static_cast<RegionId>(r))) return static_cast<RegionId>(r);
+  return -1;
+}
+
+struct Event {
+  double t;
+  int64_t delta;
+  MemCategory cat;
+  int phase = 1;  // at one instant: 0 frees of what ended there, 1 allocations, 2 frees of what began there
+};
+
+// Everything one class of ranks allocates and frees over the step, as the executor does it.
+class ClassModel {
+ public:
+  ClassModel(const ir::Graph& g, const Schedule& s, const Manifest& m, const MemoryOptions& o, int32_t cls)
+      : g_(g), s_(s), m_(m), o_(o), cls_(cls), S_(g.facts.samples_per_microbatch) {}
+
+  std::vector<Event> events() {
+    index();
+    tokens();
+    for (NodeId v : nodes_) node(v);
+    gathers();
+    return std::move(ev_);
+  }
+
+ private:
+  const Node& n(NodeId v) const { return g_.nodes[static_cast<size_t>(v)]; }
+  double start(NodeId v) const { return s_.start[static_cast<size_t>(v)]; }
+  double finish(NodeId v) const { return s_.finish[static_cast<size_t>(v)]; }
+  void add(double t, int64_t delta, MemCategory c, int phase = -1) {
+    if (delta != 0) ev_.push_back({t, delta, c, phase >= 0 ? phase : delta > 0 ? 1 : 0});
+  }
+  // `bytes` live over [from, to]; over an instant (an op the simulation gives no duration) it still
+  // counts at that instant, as the real op's buffer does while it runs.
+  void hold(double from, double to, int64_t bytes, MemCategory c) {
+    add(from, bytes, c);
+    add(std::max(from, to), -bytes, c, to <= from ? 2 : 0);
+  }
+
+  void index() {
+    for (size_t v = 0; v < g_.nodes.size(); ++v)
+      if (s_.node_class[v] == cls_) nodes_.push_back(static_cast<NodeId>(v));
+    consumers_.assign(g_.nodes.size(), {});
+    for (const auto& e : g_.edges)
+      if (e.kind == ir::EdgeKind::Data && s_.node_class[static_cast<size_t>(e.src)] == cls_ &&
+          s_.node_class[static_cast<size_t>(e.dst)] == cls_)
+        consumers_[static_cast<size_t>(e.src)].push_back(e.dst);
+    for (NodeId v : nodes_) {
+      const Node& x = n(v);
+      if (x.op == Op::B || x.op == Op::BW) last_backward_[key(x)] = v;
+      if (x.op == Op::BI && !last_backward_.count(key(x))) last_backward_[key(x)] = v;
+      if (x.op == Op::ReduceScatter && x.microbatch >= 0) rs_[{x.stage, x.microbatch, x.bucket}] = v;
+    }
+  }
+  static std::tuple<int32_t, int32_t, int16_t> key(const Node& x) { return {x.stage, x.microbatch, x.segment}; }
+
+  // When what `consumer` received from a predecessor is let go: a piece keeps its inputs and incoming
+  // gradients until its last backward op; other ops are done with them when they finish.
+  double held_until(NodeId consumer) const {
+    const Node& x = n(consumer);
+    if (ir::is_chunk(x.op) && x.op != Op::U)
+      if (auto it = last_backward_.find(key(x)); it != last_backward_.end()) return finish(it->second);
+    return finish(consumer);
+  }
+  // A value `v` produced, of `bytes`, live from `from` until its last consumer lets it go.
+  void value(NodeId v, double from, int64_t bytes, MemCategory c = MemCategory::Activations) {
+    double to = finish(v);
+    for (NodeId u : consumers_[static_cast<size_t>(v)]) to = std::max(to, held_until(u));
+    hold(from, to, bytes, c);
+  }
+
+  // The tokens of the step, on every rank (the executor reads its replica's batch each step).
+  void tokens() {
+    const auto& in = m_.regions[static_cast<size_t>(m_.sequence.front())].input;
+    const int64_t seq = in && !in->shape.empty() ? in->shape[0] : 0;
+    add(0, S_ * g_.facts.microbatches * (seq + 1) * 8, MemCategory::Activations);
+  }
+
+  const ir::Segment& segment(const Node& x) const { return g_.segment_of(x); }
+  bool moe_end(const Node& x) const {
+    const auto& segs = g_.stage(x.stage).segments;
+    const size_t j = static_cast<size_t>(x.segment < 0 ? 0 : x.segment);
+    return j + 1 < segs.size() && segs[j + 1].sharded >= 0;
+  }
+  int64_t expert_ways(const Node& x) const {
+    for (const auto& e : g_.stage(x.stage).experts)
+      if (e.segment == (x.segment < 0 ? 0 : x.segment)) return e.ways;
+    return 1;
+  }
+  const ir::ExpertShard* experts_of(const Node& x, int16_t seg) const {
+    for (const auto& e : g_.stage(x.stage).experts)
+      if (e.segment == seg) return &e;
+    return nullptr;
+  }
+
+  PieceMemory piece(const Node& x) {
+    auto k = key(x);
+    k = {x.stage, 0, x.segment};  // the same for every microbatch
+    if (auto it = pieces_.find(k); it != pieces_.end()) return it->second;
+    const ir::Segment& seg = segment(x);
+    const bool last = x.stage + 1 == int32_t(g_.facts.stages.size()) &&
+                      size_t(x.segment < 0 ? 0 : x.segment) + 1 == g_.stage(x.stage).segments.size();
+    std::vector<RegionBytes> rs;
+    PieceMemory p;
+    if (seg.sharded >= 0) {
+      // An expert piece (dense dispatch): each held member runs on every token of the group, and
+      // the gate-weighted sum is its output.
+      const ir::ExpertShard* e = experts_of(x, x.segment);
+      const int64_t ways = e ? e->ways : 1, owned = e ? static_cast<int64_t>(e->owned(0).size()) : 0;
+      const RegionId member = m_.regions[static_cast<size_t>(seg.sharded)].children.front();
+      RegionBytes one = region_bytes(m_, member, ways * S_);
+      const int64_t out = spec_bytes(m_.regions[static_cast<size_t>(member)].output, ways * S_);
+      p.saved = owned * one.saved + out;
+      p.forward_peak = p.saved + (one.forward_peak - one.saved);
+      p.backward_peak = one.backward_peak;
+      p.output = out;
+    } else {
+      for (size_t k2 = 0; k2 < seg.regions.size(); ++k2) {
+        const RegionId r = seg.regions[k2];
+        if (k2 + 1 == seg.regions.size() && moe_end(x)) {  // the block runs its attention and router only
+          for (const char* kind : {"attention", "router"})
+            if (RegionId c = child_of_kind(m_, r, kind); c >= 0) rs.push_back(region_bytes(m_, c, S_));
+        } else {
+          rs.push_back(region_bytes(m_, r, S_));
+        }
+      }
+      const RegionId first = seg.regions.empty() ? -1 : seg.regions.front();
+      const bool grad_in = x.stage > 0 || x.segment > 0;
+      p = compose(rs, first >= 0 && grad_in ? spec_bytes(m_.regions[static_cast<size_t>(first)].input, S_) : 0);
+      if (moe_end(x) && !seg.regions.empty())  // its outputs: attention, h and gates (the router's, in its saved)
+        p.output = spec_bytes(m_.regions[static_cast<size_t>(seg.regions.back())].output, S_);
+    }
+    (void)last;
+    return pieces_[k] = p;
+  }
+
+  void node(NodeId v) {
+    const Node& x = n(v);
+    const double a = start(v), b = finish(v);
+    switch (x.op) {
+      case Op::F: {
+        const PieceMemory p = piece(x);
+        const bool recompute = x.flags & ir::kRecompute;
+        const int64_t keep = recompute ? p.output : p.saved;
+        add(a, p.forward_peak, MemCategory::Activations);
+        add(b, keep - p.forward_peak, MemCategory::Activations);
+        auto it = last_backward_.find(key(x));
+        add(it != last_backward_.end() ? finish(it->second) : b, -keep, MemCategory::Activations);
+        break;
+      }
+      case Op::B:
+      case Op::BI:
+      case Op::BW: {
+        const PieceMemory p = piece(x);
+        const bool recompute = x.op != Op::BW && has_recompute(x);
+        // Recomputation re-runs the forward first: its saved tensors are back for the backward.
+        const int64_t again = recompute ? p.saved - p.output : 0;
+        const int64_t transient = recompute ? std::max(p.forward_peak - p.saved, p.backward_peak) : p.backward_peak;
+        add(a, again + transient, MemCategory::Activations);
+        add(b, -transient, MemCategory::Activations);
+        if (x.op != Op::BI) add(b, -again, MemCategory::Activations);
+        if (x.op != Op::BW && p.input > 0) value(v, b, p.input);
+        if (x.op != Op::BI) grad_buckets(v);
+        break;
+      }
+      case Op::Recv: {
+        const auto& regions = g_.stage(x.stage).regions;
+        const bool act = x.payload == ir::Payload::Act;
+        const RegionId r = act ? regions.front() : regions.back();
+        const auto& spec = act ? m_.regions[static_cast<size_t>(r)].input : m_.regions[static_cast<size_t>(r)].output;
+        value(v, a, spec_bytes(spec, S_));
+        break;
+      }
+      case Op::ReduceScatter: {
+        const auto& rep = g_.stage(x.stage).replication;
+        const int64_t shard = shard_elems(rep, rep.buckets[static_cast<size_t>(x.bucket)]) * kFloat;
+        // The first reduction of a bucket in the step writes straight into the shard (ZeRO-2/3).
+        const bool direct = x.microbatch >= 0 && first_reduction_.insert({x.stage, x.bucket}).second;
+        if (!direct) hold(a, b, shard, MemCategory::Comm);
+        break;
+      }
+      case Op::AllGather:
+        if (x.flags & ir::kMaterialize) gathers_[{x.stage, x.bucket}].push_back(v);
+        break;
+      case Op::U: update(x, a, b); break;
+      case Op::AllToAll: all_to_all(v, a, b); break;
+      default: break;
+    }
+  }
+
+  bool has_recompute(const Node& x) const {
+    for (NodeId v : nodes_) {
+      const Node& f = n(v);
+      if (f.op == Op::F && key(f) == key(x)) return f.flags & ir::kRecompute;
+    }
+    return false;
+  }
+
+  // ZeRO-2/3: the backward's parameter gradients go to this microbatch's bucket buffers, freed once
+  // their reduce-scatter is done.
+  void grad_buckets(NodeId v) {
+    const Node& x = n(v);
+    const auto& rep = g_.stage(x.stage).replication;
+    if (rep.axis < 0 || rep.zero < 2) return;
+    const ir::Range r = segment(x).dense;
+    for (size_t k = 0; k < rep.buckets.size(); ++k) {
+      const ir::Range& bk = rep.buckets[k];
+      if (!(bk.begin < r.end && r.begin < bk.end)) continue;
+      if (!bucket_open_.insert({x.stage, x.microbatch, int32_t(k)}).second) continue;
+      auto it = rs_.find({x.stage, x.microbatch, int32_t(k)});
+      hold(start(v), it != rs_.end() ? finish(it->second) : finish(v), bk.size() * kFloat, MemCategory::Grads);
+    }
+  }
+
+  static int64_t shard_elems(const ir::Replication& rep, const ir::Range& r) {
+    return ir::Replication::shard_begin(r, rep.ways, 1) - ir::Replication::shard_begin(r, rep.ways, 0);
+  }
+
+  // The optimizer works through each slot in chunks: two temporaries of a chunk at a time.
+  void update(const Node& x, double a, double b) {
+    if (!o_.adam) return;
+    const ir::StageFacts& st = g_.stage(x.stage);
+    const auto& rep = st.replication;
+    int64_t largest = 0;
+    if (rep.axis < 0 || rep.zero == 0) largest = st.dense_elems;
+    else
+      for (const auto& bk : rep.buckets) largest = std::max(largest, shard_elems(rep, bk));
+    for (const auto& e : st.experts) largest = std::max(largest, static_cast<int64_t>(e.owned(0).size()) * e.member_bytes / kFloat);
+    hold(a, b, 2 * std::min(largest, kOptimizerChunk) * kFloat, MemCategory::Optimizer);
+  }
+
+  // ZeRO-3 units: a unit's storage is full from the first gather that finds it empty until the last
+  // use of the gathers holding it ends; a gather that finds it full goes through scratch.
+  void gathers() {
+    for (auto& [unit, list] : gathers_) {
+      const ir::Range& u = g_.stage(unit.first).replication.units[static_cast<size_t>(unit.second)];
+      const int64_t bytes = u.size() * kFloat;
+      std::vector<std::pair<double, int>> marks;  // (time, +uses at a gather's start / -1 at a use's end)
+      std::sort(list.begin(), list.end(), [&](NodeId p, NodeId q) { return start(p) < start(q); });
+      for (NodeId v : list) {
+        marks.push_back({start(v), int(consumers_[static_cast<size_t>(v)].size())});
+        for (NodeId c : consumers_[static_cast<size_t>(v)]) marks.push_back({finish(c), -1});
+      }
+      std::stable_sort(marks.begin(), marks.end(), [](auto& p, auto& q) { return p.first < q.first; });
+      int holders = 0;
+      size_t gather = 0;
+      for (const auto& [t, d] : marks) {
+        if (d > 0) {
+          if (holders == 0) add(t, bytes, MemCategory::Gather);
+          else hold(t, finish(list[gather]), bytes, MemCategory::Gather);  // scratch
+          ++gather;
+          holders += d;
+        } else if (holders > 0 && --holders == 0) {
+          add(t, -bytes, MemCategory::Gather);
+        }
+      }
+    }
+  }
+
+  // Expert parallelism's exchanges (dense dispatch): the gathered tokens and gates live until the
+  // expert piece's backward, the combined output until its consumers are done, and the transposes'
+  // results likewise.
+  void all_to_all(NodeId v, double a, double b) {
+    const Node& x = n(v);
+    const ir::ExpertShard* e = experts_of(x, x.segment);
+    if (!e) return;
+    const RegionId member = e->members.front();
+    const int64_t ways = e->ways, experts = static_cast<int64_t>(e->members.size());
+    const int64_t h = spec_bytes(m_.regions[static_cast<size_t>(member)].input, S_);  // this rank's tokens' hidden
+    const auto& in = m_.regions[static_cast<size_t>(member)].input;
+    const int64_t tokens = in && !in->shape.empty() ? in->shape[0] * S_ : S_;
+    const int64_t gates = tokens * experts * kFloat, hg = h + gates;
+    const bool back = x.flags & ir::kBackward;
+    if (!back && x.payload == ir::Payload::Dispatch) {
+      hold(a, b, hg + ways * hg, MemCategory::Activations);  // the concatenation and the gathered copy
+      value(v, b, ways * hg);
+    } else if (!back) {
+      hold(a, b, h, MemCategory::Activations);
+      value(v, b, h);
+    } else if (x.payload == ir::Payload::Combine) {
+      value(v, a, ways * h);
+    } else {
+      hold(a, b, ways * hg, MemCategory::Activations);
+      value(v, b, hg);
+    }
+  }
+
+  const ir::Graph& g_;
+  const Schedule& s_;
+  const Manifest& m_;
+  const MemoryOptions& o_;
+  const int32_t cls_;
+  const int64_t S_;
+  std::vector<NodeId> nodes_;
+  std::vector<std::vector<NodeId>> consumers_;
+  std::map<std::tuple<int32_t, int32_t, int16_t>, NodeId> last_backward_;
+  std::map<std::tuple<int32_t, int32_t, int32_t>, NodeId> rs_;
+  std::set<std::tuple<int32_t, int32_t, int32_t>> bucket_open_;
+  std::set<std::pair<int32_t, int32_t>> first_reduction_;
+  std::map<std::tuple<int32_t, int32_t, int16_t>, PieceMemory> pieces_;
+  std::map<std::pair<int32_t, int32_t>, std::vector<NodeId>> gathers_;
+  std::vector<Event> ev_;
+};
+
+// What a rank holds for the whole step, as runtime/stage_params allocates it.
+ByCategory resident(const ir::Graph& g, const std::vector<int32_t>& stages, int32_t rank, const MemoryOptions& o) {
+  ByCategory r{};
+  auto put = [&](MemCategory c, int64_t elems) { r[static_cast<size_t>(c)] += elems * kFloat; };
+  const Mesh& mesh = g.facts.mesh;
+  for (int32_t s : stages) {
+    const ir::StageFacts& st = g.stage(s);
+    const ir::Replication& rep = st.replication;
+    const int zero = rep.axis >= 0 ? rep.zero : 0;
+    const int64_t member = rep.axis >= 0 ? mesh.coord(rank, rep.axis) : 0;
+    auto mine = [&](const ir::Range& x) {
+      return ir::Replication::shard_begin(x, rep.ways, member + 1) - ir::Replication::shard_begin(x, rep.ways, member);
+    };
+    int64_t shards = 0;
+    for (const auto& b : zero == 3 ? rep.units : rep.buckets) shards += mine(b);
+    if (zero < 3) put(MemCategory::Params, st.dense_elems);
+    else put(MemCategory::Params, shards);
+    if (zero <= 1) put(MemCategory::Grads, st.dense_elems);
+    else put(MemCategory::Grads, shards);
+    if (o.adam) put(MemCategory::Optimizer, 2 * (zero == 0 ? st.dense_elems : shards));
+    for (const auto& e : st.experts) {
+      const int64_t elems = static_cast<int64_t>(e.owned(mesh.coord(rank, e.axis)).size()) * e.member_bytes / kFloat;
+      put(MemCategory::Params, elems);
+      put(MemCategory::Grads, elems);
+      if (o.adam) put(MemCategory::Optimizer, 2 * elems);
+    }
+  }
+  return r;
 }
 }  // namespace
 
-std::vector<MemoryUse> memory_use(const ir::Graph& g, const Schedule& s, const Manifest& m) {
-  const auto& facts = g.facts.stages;
-  const size_t stages = facts.size();
-  const int64_t samples = g.facts.samples_per_microbatch;
-  // Per stage: parameter bytes on one rank (its pieces), ZeRO stage and degree.
-  std::vector<int64_t> params(stages, 0);
-  std::vector<int> zero(stages, 0);
-  std::vector<int64_t> ways(stages, 1);
-  for (size_t st = 0; st < stages; ++st) {
-    for (const auto& seg : facts[st].segments) params[st] += seg.param_bytes;
-    zero[st] = facts[st].replication.zero;
-    ways[st] = facts[st].replication.ways;
-  }
-  // Per stage: activations one microbatch keeps between its forward and backward.
-  std::vector<int64_t> act(stages, 0), recomputed(stages, 0);
-  for (size_t st = 0; st < stages; ++st)
-    for (RegionId r : facts[st].regions) act[st] += saved_bytes(m, r) * samples;
-  for (size_t st = 0; st < stages; ++st) recomputed[st] = input_bytes(m, facts[st].regions.front()) * samples;
-
-  std::vector<int32_t> stage_class(stages, -1);
-  for (size_t v = 0; v < g.nodes.size(); ++v)
-    if (g.nodes[v].op == Op::F) stage_class[static_cast<size_t>(g.nodes[v].stage)] = s.node_class[v];
-  std::vector<MemoryUse> out(s.classes.size());
-  std::vector<std::vector<std::pair<double, int64_t>>> events(s.classes.size());
-  for (size_t st = 0; st < stages; ++st) {
-    int32_t cls = stage_class[st];
-    if (cls < 0) continue;
-    MemoryUse& u = out[static_cast<size_t>(cls)];
-    const int64_t p = params[st], w = ways[st];
-    u.params += zero[st] >= 3 ? p / w : p;
-    u.grads += zero[st] >= 2 ? p / w : p;
-    u.optimizer += zero[st] >= 1 ? 2 * p / w : 2 * p;  // two moments, in the parameters' dtype
-  }
-  // Activations: held from a microbatch's first forward piece until its last backward piece of
-  // the stage (BW included: the weight gradient needs them too).
-  std::map<std::pair<int32_t, int32_t>, std::pair<double, double>> live;  // (stage, mb) -> [from, to]
-  std::map<std::pair<int32_t, int32_t>, bool> recompute;
-  for (size_t v = 0; v < g.nodes.size(); ++v) {
-    const Node& n = g.nodes[v];
-    if (!ir::is_chunk(n.op) || n.op == Op::U) continue;
-    auto key = std::make_pair(n.stage, n.microbatch);
-    auto [it, fresh] = live.emplace(key, std::make_pair(s.finish[v], s.finish[v]));
-    if (n.op == Op::F) it->second.first = fresh ? s.finish[v] : std::min(it->second.first, s.finish[v]);
-    else it->second.second = std::max(it->second.second, s.finish[v]);
-    if (n.op == Op::F && (n.flags & ir::kRecompute)) recompute[key] = true;
-  }
-  for (const auto& [key, span] : live) {
-    size_t st = static_cast<size_t>(key.first);
-    int32_t cls = stage_class[st];
-    int64_t bytes = recompute.count(key) ? recomputed[st] : act[st];
-    events[static_cast<size_t>(cls)].push_back({span.first, bytes});
-    events[static_cast<size_t>(cls)].push_back({span.second, -bytes});
-  }
-  // ZeRO-3: a gathered bucket holds the full (not sharded) parameters until its consumers finish.
-  std::vector<double> consumed(g.nodes.size(), 0);
-  for (const ir::Edge& e : g.edges)
-    consumed[static_cast<size_t>(e.src)] = std::max(consumed[static_cast<size_t>(e.src)], s.finish[static_cast<size_t>(e.dst)]);
-  for (size_t v = 0; v < g.nodes.size(); ++v) {
-    const Node& n = g.nodes[v];
-    if (n.op != Op::AllGather || !(n.flags & ir::kMaterialize)) continue;
-    double until = std::max(s.finish[v], consumed[v]);
-    events[static_cast<size_t>(s.node_class[v])].push_back({s.start[v], n.bytes});
-    events[static_cast<size_t>(s.node_class[v])].push_back({until, -n.bytes});
-  }
-  for (size_t c = 0; c < events.size(); ++c) {
-    auto& ev = events[c];
-    // Frees before allocations at the same instant: a buffer released as another is taken.
-    std::sort(ev.begin(), ev.end(), [](auto& a, auto& b) { return a.first != b.first ? a.first < b.first : a.second < b.second; });
-    int64_t cur = 0;
-    for (auto [t, d] : ev) out[c].peak_dynamic = std::max(out[c].peak_dynamic, cur += d);
+std::vector<MemoryUse> memory_use(const ir::Graph& g, const Schedule& s, const Manifest& m, const MemoryOptions& o) {
+  std::vector<MemoryUse> out(static_cast<size_t>(g.facts.mesh.world()));
+  for (size_t c = 0; c < s.classes.size(); ++c) {
+    // At one instant: what ended there is freed, then what starts there is allocated, then the
+    // buffers of instantaneous ops are let go (an op's end and the next op's start coincide).
+    auto ev = ClassModel(g, s, m, o, static_cast<int32_t>(c)).events();
+    std::stable_sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) {
+      return a.t != b.t ? a.t < b.t : a.phase < b.phase;
+    });
+    ByCategory live{}, at_peak{};
+    int64_t total = 0, peak = 0;
+    for (const Event& e : ev) {
+      live[static_cast<size_t>(e.cat)] += e.delta;
+      total += e.delta;
+      if (total > peak) {
+        peak = total;
+        at_peak = live;
+      }
+    }
+    std::vector<int32_t> stages;
+    for (size_t v = 0; v < g.nodes.size(); ++v)
+      if (s.node_class[v] == int32_t(c) && ir::is_chunk(g.nodes[v].op) &&
+          std::find(stages.begin(), stages.end(), g.nodes[v].stage) == stages.end())
+        stages.push_back(g.nodes[v].stage);
+    for (int32_t rank : s.classes[c].ranks) {
+      MemoryUse& u = out[static_cast<size_t>(rank)];
+      u.resident = resident(g, stages, rank, o);
+      u.at_peak = at_peak;
+      for (int k = 0; k < kMemCategories; ++k) u.at_peak[static_cast<size_t>(k)] += u.resident[static_cast<size_t>(k)];
+      u.peak = peak + u.resident_total();
+    }
   }
   return out;
 }

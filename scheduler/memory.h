@@ -1,7 +1,10 @@
-// Per-rank peak memory from the simulated timeline: model states under each ZeRO stage, activations
-// held per microbatch (or only stage inputs when recomputed), and ZeRO-3's gathered parameters.
+// The memory model: what each rank holds over the simulated step, by category — the same categories
+// and the same allocations as the executor's (runtime/stage_params, runtime/executor), from the plan's
+// facts and the manifest's measured activation memory — and its peak.
 #pragma once
+#include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "ir/graph.h"
@@ -10,13 +13,27 @@
 
 namespace piper::sched {
 
+// What a tensor's storage is for. The executor tags its allocations with these (the counting
+// allocator measures them); the memory model predicts them.
+enum class MemCategory : uint8_t { Params, Grads, Optimizer, Activations, Comm, Gather, Other };
+inline constexpr int kMemCategories = 7;
+const char* mem_category_name(MemCategory c);  // params, grads, optimizer, activations, comm, gather, other
+using ByCategory = std::array<int64_t, kMemCategories>;
+
 struct MemoryUse {
-  int64_t params = 0, grads = 0, optimizer = 0;  // resident for the whole step
-  int64_t peak_dynamic = 0;                      // activations + gathered parameters at the worst moment
-  int64_t peak() const { return params + grads + optimizer + peak_dynamic; }
+  ByCategory resident{};  // held for the whole step: parameters, gradients, optimizer state
+  ByCategory at_peak{};   // everything live at the step's fullest moment (resident included)
+  int64_t peak = 0;       // the most live at any moment of the step
+  int64_t resident_total() const;
+  int64_t states() const;  // parameters, gradients and optimizer state at the peak
 };
 
-// One entry per schedule class, from the plan's facts (ir/facts.h) and the manifest's activation shapes.
-std::vector<MemoryUse> memory_use(const ir::Graph& g, const Schedule& s, const Manifest& m);
+struct MemoryOptions {
+  bool adam = true;  // AdamW keeps two moments per optimized element; SGD none
+};
+
+// One entry per rank, in rank order.
+std::vector<MemoryUse> memory_use(const ir::Graph& g, const Schedule& s, const Manifest& m,
+                                  const MemoryOptions& options = {});
 
 }  // namespace piper::sched

@@ -64,9 +64,9 @@ std::optional<CostModel> cost_model(const PlanOptions& o, const ir::Graph& g, So
 // Over budget: the error names the directive that decides the most memory — replication (ZeRO) for
 // model states, the split for activations — with its use chain.
 void check_budget(const Plan& p, double budget, DiagnosticEngine& diags) {
-  const auto worst = *std::max_element(p.memory.begin(), p.memory.end(), [](auto& a, auto& b) { return a.peak() < b.peak(); });
-  if (double(worst.peak()) <= budget) return;
-  const bool states = worst.params + worst.grads + worst.optimizer > worst.peak_dynamic;
+  const auto worst = *std::max_element(p.memory.begin(), p.memory.end(), [](auto& a, auto& b) { return a.peak < b.peak; });
+  if (double(worst.peak) <= budget) return;
+  const bool states = 2 * worst.states() > worst.peak;
   const Directive* culprit = nullptr;
   for (const auto& d : p.strategy.directives)
     if ((states && std::holds_alternative<ReplicateDirective>(d.body)) ||
@@ -74,7 +74,7 @@ void check_budget(const Plan& p, double budget, DiagnosticEngine& diags) {
       culprit = &d;
   auto& d = diags.error(culprit ? culprit->loc : SourceLoc{},
                         fmt::format("the plan needs {} on its fullest device, over the budget of {}",
-                                    human_bytes(double(worst.peak())), human_bytes(budget)));
+                                    human_bytes(double(worst.peak)), human_bytes(budget)));
   d.note(SourceLoc{}, states ? "model states dominate: shard them further (replicate ... zero 3) or use more pipeline stages"
                              : "activations dominate: recompute, fewer microbatches in flight, or more pipeline stages");
   if (culprit)
@@ -111,7 +111,7 @@ PlanResult compile_checked(PlanResult r, const PlanOptions& o, SourceManager& so
     return r;
   }
   Plan p{*r.manifest, s, std::move(*g), std::move(*sch), *costs, {}, 0};
-  p.memory = memory_use(p.dag, p.schedule, p.manifest);
+  p.memory = memory_use(p.dag, p.schedule, p.manifest, MemoryOptions{o.optimizer == "adamw"});
   p.hash = plan_hash(p.dag, p.schedule);
   r.timings.schedule_s = since(t);
   if (o.memory_budget) {

@@ -23,6 +23,7 @@ struct PlanOptions {
   std::string cost_spec;                // unit costs, F=1,B=2,W=1,comm=0 (when no machine)
   std::optional<double> memory_budget;  // bytes per device; exceeding it is an error at the directive that decides
   bool verify_each = false;             // the DAG verifier after every lowering pass
+  std::string optimizer = "adamw";      // what the executor will step (its state is part of memory)
   std::function<void(const char* pass, const ir::Graph&)> after_pass;  // --print-after
 };
 
@@ -32,7 +33,7 @@ struct Plan {
   ir::Graph dag;
   Schedule schedule;
   CostModel costs;
-  std::vector<MemoryUse> memory;  // per schedule class
+  std::vector<MemoryUse> memory;  // per rank
   uint64_t hash = 0;              // of every rank's programs and the facts: ranks compare it before step 1
 
   int64_t samples_per_microbatch() const { return dag.facts.samples_per_microbatch; }

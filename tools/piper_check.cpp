@@ -54,6 +54,8 @@ const std::vector<EmitMode>& emit_modes() {
       {"trace", "the simulated timeline as Chrome/Perfetto trace JSON (a track per rank and stream)",
        [](const Checked& c) { return sched::emit_trace(c.dag, c.schedule, c.costs.is_unit()); }},
       {"svg", "a pipeline picture of the simulated timeline", [](const Checked& c) { return sched::emit_svg(c.dag, c.schedule); }},
+      {"sim-json", "the simulated step as JSON: step time, per rank its peak memory by category, busy and idle",
+       [](const Checked& c) { return sched::emit_sim_json(c.dag, c.schedule, c.memory); }},
   };
   return modes;
 }

@@ -7,14 +7,16 @@
 #include <iostream>
 
 #include "runtime/model_zoo.h"
+#include "runtime/region_memory.h"
 #include "runtime/region_model.h"
+#include "runtime/region_model_impl.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"piper-model: build GPT and MoE models with their region manifest, or verify a model.pt"};
   app.require_subcommand(1);
   piper::runtime::ModelConfig c;
   std::string out;
-  bool manifest_only = false;
+  bool manifest_only = false, no_measure = false;
   for (const char* arch : {"gpt", "moe"}) {
     auto* sub = app.add_subcommand(arch, std::string(arch) == "gpt" ? "GPT-2-style dense transformer"
                                                                     : "the same with a top-k mixture of experts per layer");
@@ -32,19 +34,32 @@ int main(int argc, char** argv) {
     sub->add_option("--name", c.name, "model name in the manifest");
     sub->add_option("-o,--output", out, "model.pt to write (or the manifest .json with --manifest-only)")->required();
     sub->add_flag("--manifest-only", manifest_only, "write only the region manifest (no weights allocated)");
+    sub->add_flag("--no-measure", no_measure,
+                  "with --manifest-only: leave out the measured activation memory (for models too large to probe)");
     sub->callback([&c, arch] { c.arch = arch; });
   }
-  std::string verify_path;
+  std::string verify_path, measure_path, measure_out;
   int64_t batch = 2;
   auto* verify = app.add_subcommand("verify", "check that the regions chained equal the whole model (forward and gradients)");
   verify->add_option("MODEL", verify_path, "model.pt")->required();
   verify->add_option("--batch", batch, "samples in the check batch")->capture_default_str();
+  auto* measure = app.add_subcommand("measure", "measure each region's activation memory and record it in the manifest "
+                                                  "(for models exported from PyTorch)");
+  measure->add_option("MODEL", measure_path, "model.pt")->required();
+  measure->add_option("-o,--output", measure_out, "where to write the model (default: in place)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
+    if (measure->parsed()) {
+      piper::runtime::RegionModel m(measure_path);
+      const std::string manifest = piper::runtime::measure_manifest(m);
+      m.impl().root.save(measure_out.empty() ? measure_path : measure_out, {{"piper/manifest.json", manifest}});
+      fmt::print("{}: activation memory measured for every region\n", measure_out.empty() ? measure_path : measure_out);
+      return 0;
+    }
     if (verify->parsed()) {
       piper::runtime::RegionModel m(verify_path);
       auto r = m.check_regions(batch, 0);
@@ -56,7 +71,8 @@ int main(int argc, char** argv) {
     }
     if (manifest_only) {
       std::ofstream f(out);
-      if (!(f << piper::runtime::manifest_json(c))) throw std::runtime_error("cannot write " + out);
+      if (!(f << (no_measure ? piper::runtime::manifest_json(c) : piper::runtime::measured_manifest_json(c))))
+        throw std::runtime_error("cannot write " + out);
     } else {
       piper::runtime::save_model(c, out);
     }

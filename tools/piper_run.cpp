@@ -5,12 +5,16 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdlib>
+#include <optional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "lang/paths.h"
+#include "lang/units.h"
 #include "runtime/executor.h"
 #include "runtime/mpi_communicator.h"
 #include "scheduler/plan.h"
@@ -31,9 +35,13 @@ void write_trace(Communicator& comm, const std::vector<std::pair<int64_t, StepRe
   nlohmann::json events = nlohmann::json::array();
   double offset = 0;
   for (const auto& [step, r] : steps) {
-    for (const auto& op : r.ops)
+    for (const auto& op : r.ops) {
       events.push_back({{"name", op.token}, {"ph", "X"}, {"pid", comm.rank()}, {"tid", op.stream},
                         {"ts", (offset + op.start) * 1e6}, {"dur", (op.end - op.start) * 1e6}, {"args", {{"step", step + 1}}}});
+      // A counter track: the rank's tensor memory after each op.
+      events.push_back({{"name", "tensor memory"}, {"ph", "C"}, {"pid", comm.rank()}, {"ts", (offset + op.end) * 1e6},
+                        {"args", {{"MiB", double(op.live_bytes) / (1 << 20)}}}});
+    }
     offset += r.seconds;
   }
   std::string mine = events.dump();
@@ -59,15 +67,40 @@ void write_trace(Communicator& comm, const std::vector<std::pair<int64_t, StepRe
   }
   std::ofstream(path) << nlohmann::json{{"traceEvents", all}, {"displayTimeUnit", "ms"}}.dump() << "\n";
 }
+
+// Every rank's peak tensor bytes of the step, and its bytes by category at that moment (rank order).
+struct StepMemory {
+  std::vector<int64_t> peak;                                // per rank
+  std::vector<std::array<int64_t, kMemCategories>> at_peak;  // per rank
+};
+StepMemory gather_memory(Communicator& comm, const MemoryStats& mine) {
+  const size_t w = static_cast<size_t>(comm.size()), row = 1 + kMemCategories;
+  std::vector<double> all(w * row, 0.0);
+  const size_t me = static_cast<size_t>(comm.rank()) * row;
+  all[me] = static_cast<double>(mine.peak);
+  for (int c = 0; c < kMemCategories; ++c) all[me + 1 + static_cast<size_t>(c)] = static_cast<double>(mine.at_peak[static_cast<size_t>(c)]);
+  std::vector<int> everyone(w);
+  for (size_t r = 0; r < w; ++r) everyone[r] = static_cast<int>(r);
+  comm.all_reduce_sum(all.data(), all.size(), everyone, 3);
+  StepMemory out;
+  for (size_t r = 0; r < w; ++r) {
+    out.peak.push_back(static_cast<int64_t>(all[r * row]));
+    std::array<int64_t, kMemCategories> cats{};
+    for (size_t c = 0; c < static_cast<size_t>(kMemCategories); ++c) cats[c] = static_cast<int64_t>(all[r * row + 1 + c]);
+    out.at_peak.push_back(cats);
+  }
+  return out;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
+  install_memory_counter();  // before anything allocates tensors: every rank measures its own
   auto comm = make_mpi_communicator(&argc, &argv);
   const bool lead = comm->rank() == 0;
   CLI::App app{"piper-run: train MODEL with STRATEGY; under mpirun, one executor per rank"};
   app.set_version_flag("--version", std::string("piper-run ") + PIPER_VERSION);
   std::string model, strategy, data_path = share_dir() + "/data/corpus.txt", metrics_path, trace_path;
-  std::string optimizer = "adamw";
+  std::string optimizer = "adamw", memory_limit;
   int64_t steps = 20, batch = 8, seq_len = 0, threads = 0;
   double lr = 1e-3;
   uint64_t seed = 0;
@@ -86,6 +119,8 @@ int main(int argc, char** argv) {
   app.add_option("--metrics", metrics_path, "JSON lines, one per step (written by rank 0)");
   app.add_option("--trace", trace_path, "Perfetto/Chrome trace of what ran: a track per rank and stream");
   app.add_option("--threads", threads, "intra-op threads per rank (default: cores / ranks on this node)");
+  app.add_option("--memory-limit", memory_limit,
+                 "per-rank limit on tensor memory from the first step on, e.g. 512MiB: an op that needs more fails");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -127,6 +162,9 @@ int main(int argc, char** argv) {
                                 "--set on different ranks?); refusing to start",
                                 r));
   }
+  std::optional<double> limit;
+  if (!memory_limit.empty() && !(limit = parse_size(memory_limit)))
+    return fail(fmt::format("piper-run: error: --memory-limit: '{}' is not a size like 512MiB", memory_limit));
   try {
     TokenData data(data_path);
     const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
@@ -140,25 +178,36 @@ int main(int argc, char** argv) {
                  plan->dag.facts.stages.size(), plan->dag.facts.microbatches, plan->samples_per_microbatch(), t);
     std::ofstream metrics;
     if (lead && !metrics_path.empty()) metrics.open(metrics_path);
+    if (limit) set_memory_limit(comm->rank(), static_cast<int64_t>(*limit));
     const bool tty = isatty(1);
     std::vector<std::pair<int64_t, StepResult>> spans;
     for (int64_t s = 0; s < steps; ++s) {
       StepResult r = ex.step(s);
       double tps = double(batch * seq) / r.seconds;
+      const StepMemory mem = gather_memory(*comm, r.memory);
+      const size_t fullest = static_cast<size_t>(std::max_element(mem.peak.begin(), mem.peak.end()) - mem.peak.begin());
       if (lead) {
         if (tty) fmt::print("\r\033[K");  // replace the progress bar with the step's line
-        fmt::print("step {:>4}/{}  loss {:.6f}  {:>8.0f} tokens/s  {:.3f} s  peak {:.0f} MiB\n", s + 1, steps, r.loss, tps,
-                   r.seconds, double(peak_rss_bytes()) / (1 << 20));
+        fmt::print("step {:>4}/{}  loss {:.6f}  {:>8.0f} tokens/s  {:.3f} s  tensors {} (rank {})  rss {}\n", s + 1, steps,
+                   r.loss, tps, r.seconds, human_bytes(double(mem.peak[fullest])), fullest,
+                   human_bytes(double(peak_rss_bytes())));
         if (tty && s + 1 < steps) {
           int done = static_cast<int>(40 * (s + 1) / steps);
           fmt::print("[{}{}] {}/{}", std::string(static_cast<size_t>(done), '#'), std::string(static_cast<size_t>(40 - done), '.'),
                      s + 1, steps);
         }
         std::fflush(stdout);
-        if (metrics.is_open())
-          metrics << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"tokens_per_s\":{:.1f},\"step_s\":{:.6f},\"peak_mem_bytes\":{}}}\n",
-                                 s + 1, r.loss, tps, r.seconds, peak_rss_bytes())
+        if (metrics.is_open()) {
+          nlohmann::json by_category;
+          for (int c = 0; c < kMemCategories; ++c)
+            by_category[mem_category_name(static_cast<MemCategory>(c))] = mem.at_peak[fullest][static_cast<size_t>(c)];
+          metrics << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"tokens_per_s\":{:.1f},\"step_s\":{:.6f},"
+                                 "\"peak_mem_bytes\":{},\"peak_tensor_bytes\":{},\"peak_tensor_bytes_by_rank\":[{}],"
+                                 "\"peak_tensor_bytes_by_category\":{}}}\n",
+                                 s + 1, r.loss, tps, r.seconds, peak_rss_bytes(), mem.peak[fullest], fmt::join(mem.peak, ","),
+                                 by_category.dump())
                   << std::flush;
+        }
       }
       if (!trace_path.empty()) spans.emplace_back(s, std::move(r));
     }
