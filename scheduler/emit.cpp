@@ -114,11 +114,19 @@ std::string emit_torch_csv(const ir::Graph& g, const Schedule& s) {
   return out;
 }
 
-std::string emit_trace(const ir::Graph& g, const Schedule& s, bool unit_costs) {
+std::string emit_trace(const ir::Graph& g, const Schedule& s, bool unit_costs, const Manifest* m,
+                       const std::vector<MemoryUse>* memory) {
   using nlohmann::json;
   json events = json::array();
   const double scale = unit_costs ? 1e3 : 1e6;  // microseconds; a unit of cost shows as a millisecond
+  const auto timeline = m ? memory_timeline(g, s, *m) : std::vector<std::vector<std::pair<double, int64_t>>>{};
   for (size_t c : class_order(s)) {
+    if (c < timeline.size() && memory) {  // the simulated tensor memory, as piper-run's trace shows the real one
+      const int64_t resident = (*memory)[static_cast<size_t>(s.classes[c].ranks.front())].resident_total();
+      for (const auto& [t, live] : timeline[c])
+        events.push_back({{"name", "tensor memory"}, {"ph", "C"}, {"pid", s.classes[c].ranks.front()}, {"ts", t * scale},
+                          {"args", {{"MiB", double(resident + live) / (1 << 20)}}}});
+    }
     const auto& cls = s.classes[c];
     int pid = cls.ranks.front();
     events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", "rank " + ir::rank_list(cls.ranks)}}}});

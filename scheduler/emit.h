@@ -12,7 +12,9 @@ namespace piper::sched {
 
 std::string emit_schedule(const ir::Graph& g, const Schedule& s);
 std::string emit_torch_csv(const ir::Graph& g, const Schedule& s);
-std::string emit_trace(const ir::Graph& g, const Schedule& s, bool unit_costs);
+// With the manifest and memory: a counter track of each rank's simulated tensor memory too.
+std::string emit_trace(const ir::Graph& g, const Schedule& s, bool unit_costs, const Manifest* m = nullptr,
+                       const std::vector<MemoryUse>* memory = nullptr);
 std::string emit_svg(const ir::Graph& g, const Schedule& s);
 
 struct RankStats {

@@ -102,7 +102,8 @@ struct Event {
   double t;
   int64_t delta;
   MemCategory cat;
-  int phase = 1;  // at one instant: 0 frees of what ended there, 1 allocations, 2 frees of what began there
+  int phase = 1;    // at one instant: 0 frees of what ended there, 1 allocations, then instantaneous ops
+  int64_t seq = 0;  // instantaneous ops one after another (each buffer counted alone on top)
 };
 
 // Everything one class of ranks allocates and frees over the step, as the executor does it.
@@ -123,19 +124,37 @@ class ClassModel {
   const Node& n(NodeId v) const { return g_.nodes[static_cast<size_t>(v)]; }
   double start(NodeId v) const { return s_.start[static_cast<size_t>(v)]; }
   double finish(NodeId v) const { return s_.finish[static_cast<size_t>(v)]; }
-  void add(double t, int64_t delta, MemCategory c, int phase = -1) {
-    if (delta != 0) ev_.push_back({t, delta, c, phase >= 0 ? phase : delta > 0 ? 1 : 0});
+  void add(double t, int64_t delta, MemCategory c) {
+    if (delta != 0) ev_.push_back({t, delta, c, delta > 0 ? 1 : 0, 0});
   }
-  // `bytes` live over [from, to]; over an instant (an op the simulation gives no duration) it still
-  // counts at that instant, as the real op's buffer does while it runs.
+  // `bytes` live over [from, to]. Over an instant (an op the simulation gives no duration) it still
+  // counts, on top of everything else at that instant, as the real op's buffer does while it runs;
+  // instantaneous ops of one instant run one after another, so each counts alone.
   void hold(double from, double to, int64_t bytes, MemCategory c) {
-    add(from, bytes, c);
-    add(std::max(from, to), -bytes, c, to <= from ? 2 : 0);
+    if (bytes == 0) return;
+    if (to > from) {
+      add(from, bytes, c);
+      add(to, -bytes, c);
+      return;
+    }
+    ++instants_;
+    ev_.push_back({from, bytes, c, 2, 2 * instants_});
+    ev_.push_back({from, -bytes, c, 2, 2 * instants_ + 1});
+  }
+  // Communication runs beside compute: whatever the simulation says of its duration, what it holds
+  // lives at least until the compute op running (or starting) when it begins has ended.
+  double beside_compute(NodeId v) const {
+    const double t = start(v);
+    auto it = std::upper_bound(compute_.begin(), compute_.end(), t, [&](double x, NodeId c) { return x < finish(c); });
+    return std::max(finish(v), it != compute_.end() ? finish(*it) : finish(v));
   }
 
   void index() {
     for (size_t v = 0; v < g_.nodes.size(); ++v)
       if (s_.node_class[v] == cls_) nodes_.push_back(static_cast<NodeId>(v));
+    for (NodeId v : nodes_)
+      if (ir::is_chunk(n(v).op)) compute_.push_back(v);
+    std::sort(compute_.begin(), compute_.end(), [&](NodeId a, NodeId b) { return finish(a) < finish(b); });
     consumers_.assign(g_.nodes.size(), {});
     for (const auto& e : g_.edges)
       if (e.kind == ir::EdgeKind::Data && s_.node_class[static_cast<size_t>(e.src)] == cls_ &&
@@ -272,7 +291,7 @@ class ClassModel {
         const int64_t shard = shard_elems(rep, rep.buckets[static_cast<size_t>(x.bucket)]) * kFloat;
         // The first reduction of a bucket in the step writes straight into the shard (ZeRO-2/3).
         const bool direct = x.microbatch >= 0 && first_reduction_.insert({x.stage, x.bucket}).second;
-        if (!direct) hold(a, b, shard, MemCategory::Comm);
+        if (!direct) hold(a, beside_compute(v), shard, MemCategory::Comm);
         break;
       }
       case Op::AllGather:
@@ -304,7 +323,7 @@ class ClassModel {
       if (!(bk.begin < r.end && r.begin < bk.end)) continue;
       if (!bucket_open_.insert({x.stage, x.microbatch, int32_t(k)}).second) continue;
       auto it = rs_.find({x.stage, x.microbatch, int32_t(k)});
-      hold(start(v), it != rs_.end() ? finish(it->second) : finish(v), bk.size() * kFloat, MemCategory::Grads);
+      hold(start(v), it != rs_.end() ? beside_compute(it->second) : finish(v), bk.size() * kFloat, MemCategory::Grads);
     }
   }
 
@@ -388,6 +407,8 @@ class ClassModel {
   const int32_t cls_;
   const int64_t S_;
   std::vector<NodeId> nodes_;
+  std::vector<NodeId> compute_;  // this class's chunks, by finish time
+  int64_t instants_ = 0;
   std::vector<std::vector<NodeId>> consumers_;
   std::map<std::tuple<int32_t, int32_t, int16_t>, NodeId> last_backward_;
   std::map<std::tuple<int32_t, int32_t, int32_t>, NodeId> rs_;
@@ -429,15 +450,32 @@ ByCategory resident(const ir::Graph& g, const std::vector<int32_t>& stages, int3
 }
 }  // namespace
 
+namespace {
+// A class's events in the order they happen. At one instant: what ended there is freed, then what
+// starts there is allocated, then the instantaneous ops' buffers come and go one by one.
+std::vector<Event> sorted_events(const ir::Graph& g, const Schedule& s, const Manifest& m, const MemoryOptions& o, size_t c) {
+  auto ev = ClassModel(g, s, m, o, static_cast<int32_t>(c)).events();
+  std::stable_sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) {
+    return std::tie(a.t, a.phase, a.seq) < std::tie(b.t, b.phase, b.seq);
+  });
+  return ev;
+}
+}  // namespace
+
+std::vector<std::vector<std::pair<double, int64_t>>> memory_timeline(const ir::Graph& g, const Schedule& s,
+                                                                     const Manifest& m, const MemoryOptions& o) {
+  std::vector<std::vector<std::pair<double, int64_t>>> out(s.classes.size());
+  for (size_t c = 0; c < s.classes.size(); ++c) {
+    int64_t live = 0;
+    for (const Event& e : sorted_events(g, s, m, o, c)) out[c].emplace_back(e.t, live += e.delta);
+  }
+  return out;
+}
+
 std::vector<MemoryUse> memory_use(const ir::Graph& g, const Schedule& s, const Manifest& m, const MemoryOptions& o) {
   std::vector<MemoryUse> out(static_cast<size_t>(g.facts.mesh.world()));
   for (size_t c = 0; c < s.classes.size(); ++c) {
-    // At one instant: what ended there is freed, then what starts there is allocated, then the
-    // buffers of instantaneous ops are let go (an op's end and the next op's start coincide).
-    auto ev = ClassModel(g, s, m, o, static_cast<int32_t>(c)).events();
-    std::stable_sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) {
-      return a.t != b.t ? a.t < b.t : a.phase < b.phase;
-    });
+    const auto ev = sorted_events(g, s, m, o, c);
     ByCategory live{}, at_peak{};
     int64_t total = 0, peak = 0;
     for (const Event& e : ev) {

@@ -36,4 +36,8 @@ struct MemoryOptions {
 std::vector<MemoryUse> memory_use(const ir::Graph& g, const Schedule& s, const Manifest& m,
                                   const MemoryOptions& options = {});
 
+// Per schedule class: (time, live bytes beyond what is resident) after each change over the step.
+std::vector<std::vector<std::pair<double, int64_t>>> memory_timeline(const ir::Graph& g, const Schedule& s,
+                                                                     const Manifest& m, const MemoryOptions& options = {});
+
 }  // namespace piper::sched

@@ -194,8 +194,12 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, Dia
       return std::nullopt;
     }
     Unit u = *unit_of(best->node);
+    std::vector<double> member;  // each member's own cost
+    for (NodeId m : u.nodes)
+      member.push_back(costs.cost(g.nodes[static_cast<size_t>(m)], group_size(g.nodes[static_cast<size_t>(m)]), share[static_cast<size_t>(m)]));
     double dur = 0;
-    for (NodeId m : u.nodes) dur += costs.cost(g.nodes[static_cast<size_t>(m)], group_size(g.nodes[static_cast<size_t>(m)]), share[static_cast<size_t>(m)]);
+    for (double c : member) dur += c;
+    const double sum = dur;
     if (u.nodes.size() > 1) dur = costs.overlap(dur);
     const double start = best->est, finish = start + dur;
     for (NodeId m : u.nodes)  // a just-in-time gather follows the op now last before its consumer
@@ -204,9 +208,14 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, Dia
           s.issue_after[static_cast<size_t>(m)].push_back(before.back());
     free_at[static_cast<size_t>(best->res)] = finish;
     auto& rlist = ready[static_cast<size_t>(best->res)];
-    for (NodeId m : u.nodes) {
-      s.start[static_cast<size_t>(m)] = start;
-      s.finish[static_cast<size_t>(m)] = finish;
+    // An overlapped group's members share its interval, each its part in turn (the executor runs
+    // them in this order on the stream, so what they hold comes and goes one after another).
+    double at = start;
+    for (size_t k = 0; k < u.nodes.size(); ++k) {
+      const NodeId m = u.nodes[k];
+      const double part = sum > 0 ? dur * member[k] / sum : dur / double(u.nodes.size());
+      s.start[static_cast<size_t>(m)] = at;
+      s.finish[static_cast<size_t>(m)] = k + 1 == u.nodes.size() ? finish : (at += part);
       done[static_cast<size_t>(m)] = true;
       order[static_cast<size_t>(best->res)].push_back(m);
       rlist.erase(std::find(rlist.begin(), rlist.end(), m));

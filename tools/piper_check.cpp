@@ -52,7 +52,7 @@ const std::vector<EmitMode>& emit_modes() {
       {"torch-csv", "compute order per pipeline rank in PyTorch pipelining's CSV action format",
        [](const Checked& c) { return sched::emit_torch_csv(c.dag, c.schedule); }},
       {"trace", "the simulated timeline as Chrome/Perfetto trace JSON (a track per rank and stream)",
-       [](const Checked& c) { return sched::emit_trace(c.dag, c.schedule, c.costs.is_unit()); }},
+       [](const Checked& c) { return sched::emit_trace(c.dag, c.schedule, c.costs.is_unit(), &c.manifest, &c.memory); }},
       {"svg", "a pipeline picture of the simulated timeline", [](const Checked& c) { return sched::emit_svg(c.dag, c.schedule); }},
       {"sim-json", "the simulated step as JSON: step time, per rank its peak memory by category, busy and idle",
        [](const Checked& c) { return sched::emit_sim_json(c.dag, c.schedule, c.memory); }},
