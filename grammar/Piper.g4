@@ -39,6 +39,8 @@ coord       : NAME '=' expr ;
 
 replicateOpt: 'zero' expr                                                 # zeroOpt
             | 'bucket' expr                                               # bucketOpt
+            | 'unit' selectors                                            # unitOpt
+            | 'prefetch' expr                                             # prefetchOpt
             ;
 
 selectors   : selector (',' selector)* ;

@@ -156,10 +156,25 @@ bool decide_replication(LowerContext& c, StageFacts& st) {
     r.zero = rep->zero;
     r.stream = c.graph.stream(rep->stream.empty() ? "comm" : rep->stream);
     if (rep->zero == 3) {
-      // Units: each pipeline region's parameters, gathered for its own piece only (FSDP's
-      // wrapping of every block); reduce-scatters go unit by unit too, in backward order.
-      for (const auto& region_runs : runs)
-        for (const Range& u : region_runs) r.units.push_back(u);
+      // Units: by default each pipeline region's parameters, gathered for its own piece only
+      // (FSDP's wrapping of every block); with `unit`, each selected region alone and the runs of
+      // regions between them together (`unit *`: the whole stage). Reduce-scatters go unit by
+      // unit too, in backward order.
+      const bool whole = std::find(rep->units.begin(), rep->units.end(), 0) != rep->units.end();
+      auto selected_unit = [&](size_t k) {
+        return rep->units.empty() || std::find(rep->units.begin(), rep->units.end(), st.regions[k]) != rep->units.end();
+      };
+      bool open_run = false;
+      for (size_t k = 0; k < runs.size(); ++k) {
+        const bool alone = !whole && selected_unit(k);
+        for (const Range& u : runs[k]) {
+          if (!alone && open_run && r.units.back().end == u.begin) r.units.back().end = u.end;
+          else r.units.push_back(u);
+        }
+        open_run = !alone && !runs[k].empty();
+        if (alone) open_run = false;
+      }
+      r.prefetch = rep->prefetch;
       r.buckets.assign(r.units.rbegin(), r.units.rend());
     } else {
       r.buckets = pack_buckets(runs, limit);

@@ -51,6 +51,7 @@ struct Replication {
   StreamId stream = 0;
   std::vector<Range> buckets;  // reduced (and, ZeRO-1/2, gathered) ranges, in bucket order
   std::vector<Range> units;    // ZeRO-3: ranges gathered before each use and freed after
+  int64_t prefetch = 1;        // ZeRO-3: units gathered ahead of the piece that runs
   // Member j of the group owns elements [shard(b, j), shard(b, j+1)) of bucket (or unit) b:
   // an even split, the first members taking one more when it is uneven.
   static int64_t shard_begin(const Range& r, int64_t ways, int64_t member) {

@@ -6,8 +6,8 @@
 //   zero 2: reduce-scatter after every microbatch's backward (gradients stay sharded);
 //   zero 3: zero 2, and each unit's parameters are all-gathered for every forward and backward use
 //           of its piece and freed after (per microbatch — correct under a pipeline, where stages
-//           interleave). A unit's gather waits for the piece two before its consumer (one unit of
-//           prefetch); the first ones of a task are issued just in time by the scheduler.
+//           interleave). With prefetch p, a unit's gather waits for the piece p+1 before its
+//           consumer; the first ones of a task are issued just in time by the scheduler.
 #include <fmt/format.h>
 
 #include <set>
@@ -105,10 +105,14 @@ void replicate_pass(LowerContext& c) {
             g.connect(gather, v, EdgeKind::Data, bytes, params);
             g.nodes[static_cast<size_t>(v)].flags |= kFreeParams;
           }
-          // One unit of prefetch: gathered while the piece before its consumer runs, so it waits
-          // for the piece before that one (temporal: no data flows).
-          if (j >= 2)
-            for (NodeId v : pieces[order[j - 2]]) g.connect(v, gather, EdgeKind::Temporal, 0);
+          // Prefetch p: gathered while the p pieces before its consumer run, so it waits for the
+          // piece before those (temporal: no data flows); the first ones are issued just in time.
+          // In a split backward only the input-gradient half (BI) runs in piece order: weight
+          // halves (BW) may be deferred past every BI, so they pace nothing.
+          const size_t ahead = static_cast<size_t>(rep.prefetch) + 1;
+          if (j >= ahead)
+            for (NodeId v : pieces[order[j - ahead]])
+              if (g.nodes[static_cast<size_t>(v)].op != Op::BW) g.connect(v, gather, EdgeKind::Temporal, 0);
         }
       }
     }

@@ -87,7 +87,8 @@ struct PlaceStmt {
 struct ReplicateStmt {
   std::vector<Selector> regions;
   AxisRef axis;
-  ExprPtr zero, bucket;
+  ExprPtr zero, bucket, prefetch;
+  std::vector<Selector> unit;  // ZeRO-3's gather units, when given
   std::optional<std::pair<std::string, SourceLoc>> stream;
 };
 struct ShardStmt {

@@ -74,7 +74,8 @@ TEST_CASE("composing 1f1b with zero3 unions the meshes and keeps every directive
   auto reps = directives_of<ReplicateDirective>(*s);
   REQUIRE(reps.size() == 1);
   CHECK(reps[0]->zero == 3);
-  CHECK(reps[0]->bucket_bytes == 25 << 20);
+  CHECK(reps[0]->prefetch == 0);
+  CHECK(reps[0]->units.size() == 8);  // layers[*]: each layer a unit of its own
   CHECK(reps[0]->regions == std::vector<RegionId>{0});
 }
 

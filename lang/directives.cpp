@@ -129,7 +129,10 @@ void Checker::stmt(const ast::ReplicateStmt& r, const ast::Stmt& s, Env& env, Us
   if (!axis) return;
   auto stream = check_stream(r.stream);
   if (!stream) return;
-  ReplicateDirective d{*sel, *axis, 0, 0, *stream};
+  ReplicateDirective d;
+  d.regions = *sel;
+  d.axis = *axis;
+  d.stream = *stream;
   if (r.zero) {
     auto z = eval_int(*r.zero, env, "zero");
     if (!z) return;
@@ -147,6 +150,50 @@ void Checker::stmt(const ast::ReplicateStmt& r, const ast::Stmt& s, Env& env, Us
       return;
     }
     d.bucket_bytes = *b;
+  }
+  if (!r.unit.empty() || r.prefetch) {
+    const SourceLoc at = !r.unit.empty() ? r.unit.front().loc : r.prefetch->loc;
+    if (d.zero != 3) {
+      diags_.error(at, fmt::format("{} applies to ZeRO-3, which gathers parameters unit by unit; this replicates with "
+                                   "zero {}",
+                                   !r.unit.empty() ? "unit" : "prefetch", d.zero))
+          .note(SourceLoc{}, "write `zero 3` to shard the parameters too");
+      return;
+    }
+  }
+  if (!r.unit.empty()) {
+    auto units = resolve_all(r.unit, env);
+    if (!units) return;
+    // A unit is one or more whole pipeline regions: each is gathered for a piece of its stage.
+    for (RegionId u : *units) {
+      if (u == 0 || std::find(m_.sequence.begin(), m_.sequence.end(), u) != m_.sequence.end()) continue;
+      RegionId within = -1;
+      for (RegionId q : m_.sequence)
+        if (m_.is_ancestor(q, u)) within = q;
+      if (within >= 0) {
+        diags_.error(r.unit.front().loc, fmt::format("a unit is one or more whole pipeline regions; '{}' is inside '{}'",
+                                                     m_.selector_text(u), m_.selector_text(within)))
+            .note(SourceLoc{}, fmt::format("select '{}' itself (each selected pipeline region is a unit)",
+                                           m_.selector_text(within)));
+        return;
+      }
+      // A group of pipeline regions (`layers`): each member is a unit.
+      for (RegionId q : m_.sequence)
+        if (m_.is_ancestor(u, q)) d.units.push_back(q);
+    }
+    for (RegionId u : *units)
+      if (u == 0 || std::find(m_.sequence.begin(), m_.sequence.end(), u) != m_.sequence.end()) d.units.push_back(u);
+    std::sort(d.units.begin(), d.units.end());
+    d.units.erase(std::unique(d.units.begin(), d.units.end()), d.units.end());
+  }
+  if (r.prefetch) {
+    auto p = eval_int(*r.prefetch, env, "prefetch");
+    if (!p) return;
+    if (*p < 0 || *p > 16) {
+      diags_.error(r.prefetch->loc, fmt::format("prefetch {} is out of range: gather 0 to 16 units ahead", *p));
+      return;
+    }
+    d.prefetch = *p;
   }
   replicate_axes_.emplace(*axis, s.loc);
   out_.directives.push_back(Directive{s.loc, std::move(d), diags_.context()});

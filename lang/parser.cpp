@@ -189,6 +189,8 @@ class Builder {
       for (auto* o : p->replicateOpt()) {
         if (auto* z = dynamic_cast<G::ZeroOptContext*>(o)) r.zero = expr(z->expr());
         if (auto* b = dynamic_cast<G::BucketOptContext*>(o)) r.bucket = expr(b->expr());
+        if (auto* u = dynamic_cast<G::UnitOptContext*>(o)) r.unit = selectors(u->selectors());
+        if (auto* pf = dynamic_cast<G::PrefetchOptContext*>(o)) r.prefetch = expr(pf->expr());
       }
       r.stream = stream(p->streamClause());
       s->node = std::move(r);

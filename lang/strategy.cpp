@@ -107,6 +107,8 @@ std::string print_strategy(const CheckedStrategy& s, const Manifest& m) {
             out += fmt::format("replicate {} over {}", print_regions(x.regions, m), x.axis);
             if (x.zero) out += fmt::format(" zero {}", x.zero);
             if (x.bucket_bytes) out += fmt::format(" bucket {}", x.bucket_bytes);
+            if (!x.units.empty()) out += fmt::format(" unit {}", print_regions(x.units, m));
+            if (x.zero == 3 && x.prefetch != 1) out += fmt::format(" prefetch {}", x.prefetch);
             out += stream_clause(x.stream) + ";\n";
           } else if constexpr (std::is_same_v<T, ShardDirective>) {
             out += fmt::format("shard {} over {}{};\n", print_regions(x.regions, m), x.axis, stream_clause(x.stream));

@@ -39,6 +39,10 @@ struct ReplicateDirective {
   int zero = 0;              // 0 plain data parallel; 1, 2, 3: ZeRO stage
   int64_t bucket_bytes = 0;  // 0: no bucketing requested
   std::string stream;
+  // ZeRO-3: each region here is a unit of its own (gathered for its piece, freed after it); the
+  // pipeline regions between them form units of their runs. Empty: every pipeline region a unit.
+  std::vector<RegionId> units;
+  int64_t prefetch = 1;  // ZeRO-3: units gathered ahead of the one running
 };
 
 struct ShardDirective {

@@ -237,7 +237,9 @@ struct Executor::Impl {
     StageParams& sp = params_of(n);
     if (n.op != Op::BI) sp.begin_backward(range, n.microbatch);
     run_backward(pm, io, n.op, std::move(grads), loss_for(n));
-    if (n.op != Op::BW) values[static_cast<size_t>(v)] = io.grad_inputs;
+    // The input gradients live as long as their consumers need them (values), not the whole step.
+    if (n.op != Op::BW) values[static_cast<size_t>(v)] = std::move(io.grad_inputs);
+    io.grad_inputs.clear();
     if (n.op != Op::BI) sp.end_backward(range);
     if (n.flags & ir::kFreeParams) sp.release_units(range);
   }

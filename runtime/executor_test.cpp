@@ -137,6 +137,12 @@ TEST_CASE("in-process ranks train to the single-device losses: pipelines, data p
   SUBCASE("1f1b pp=2 x zero3 dp=2, 2 microbatches") {
     same_losses(distributed("1f1b_zero3.piper", {"pp=2", "dp=2", "mb=2"}, 4, steps, batch), want);
   }
+  SUBCASE("zero3 dp=2 with uneven units, prefetch 2, 2 microbatches") {
+    same_losses(distributed("../tests/strategies/zero3_units.piper", {"dp=2"}, 2, steps, batch), want);
+  }
+  SUBCASE("zb1p pp=2 x zero3 dp=2") {
+    same_losses(distributed("../tests/strategies/zb1p_zero3.piper", {"pp=2", "dp=2", "mb=2"}, 4, steps, batch), want);
+  }
   SUBCASE("1f1b pp=2 m=4 with recompute") {
     same_losses(distributed("../tests/strategies/1f1b_recompute.piper", {"pp=2", "mb=4"}, 2, steps, batch), want);
   }

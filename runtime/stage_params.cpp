@@ -325,10 +325,14 @@ void StageParams::update() {
 
 std::pair<double, double> StageParams::checksum(bool owner_of_replicated) const {
   double sum = 0, sumsq = 0;
-  auto add = [&](const torch::Tensor& t) {
-    auto d = t.detach().to(torch::kDouble);
-    sum += d.sum().item<double>();
-    sumsq += (d * d).sum().item<double>();
+  auto add = [&](const torch::Tensor& t) {  // in chunks: a double copy of a whole stage would double its memory
+    torch::NoGradGuard no_grad;
+    const auto flat = t.detach().reshape({-1});
+    for (int64_t a = 0; a < flat.numel(); a += kOptimizerChunk) {
+      auto d = flat.narrow(0, a, std::min(kOptimizerChunk, flat.numel() - a)).to(torch::kDouble);
+      sum += d.sum().item<double>();
+      sumsq += (d * d).sum().item<double>();
+    }
   };
   const ir::Replication& rep = view_.facts->replication;
   if (rep.axis >= 0 && rep.zero == 3) {

@@ -141,20 +141,11 @@ class ClassModel {
     ev_.push_back({from, bytes, c, 2, 2 * instants_});
     ev_.push_back({from, -bytes, c, 2, 2 * instants_ + 1});
   }
-  // Communication runs beside compute: whatever the simulation says of its duration, what it holds
-  // lives at least until the compute op running (or starting) when it begins has ended.
-  double beside_compute(NodeId v) const {
-    const double t = start(v);
-    auto it = std::upper_bound(compute_.begin(), compute_.end(), t, [&](double x, NodeId c) { return x < finish(c); });
-    return std::max(finish(v), it != compute_.end() ? finish(*it) : finish(v));
-  }
 
   void index() {
     for (size_t v = 0; v < g_.nodes.size(); ++v)
       if (s_.node_class[v] == cls_) nodes_.push_back(static_cast<NodeId>(v));
-    for (NodeId v : nodes_)
-      if (ir::is_chunk(n(v).op)) compute_.push_back(v);
-    std::sort(compute_.begin(), compute_.end(), [&](NodeId a, NodeId b) { return finish(a) < finish(b); });
+
     consumers_.assign(g_.nodes.size(), {});
     for (const auto& e : g_.edges)
       if (e.kind == ir::EdgeKind::Data && s_.node_class[static_cast<size_t>(e.src)] == cls_ &&
@@ -291,7 +282,7 @@ class ClassModel {
         const int64_t shard = shard_elems(rep, rep.buckets[static_cast<size_t>(x.bucket)]) * kFloat;
         // The first reduction of a bucket in the step writes straight into the shard (ZeRO-2/3).
         const bool direct = x.microbatch >= 0 && first_reduction_.insert({x.stage, x.bucket}).second;
-        if (!direct) hold(a, beside_compute(v), shard, MemCategory::Comm);
+        if (!direct) hold(a, b, shard, MemCategory::Comm);
         break;
       }
       case Op::AllGather:
@@ -323,7 +314,7 @@ class ClassModel {
       if (!(bk.begin < r.end && r.begin < bk.end)) continue;
       if (!bucket_open_.insert({x.stage, x.microbatch, int32_t(k)}).second) continue;
       auto it = rs_.find({x.stage, x.microbatch, int32_t(k)});
-      hold(start(v), it != rs_.end() ? beside_compute(it->second) : finish(v), bk.size() * kFloat, MemCategory::Grads);
+      hold(start(v), it != rs_.end() ? finish(it->second) : finish(v), bk.size() * kFloat, MemCategory::Grads);
     }
   }
 
@@ -407,7 +398,6 @@ class ClassModel {
   const int32_t cls_;
   const int64_t S_;
   std::vector<NodeId> nodes_;
-  std::vector<NodeId> compute_;  // this class's chunks, by finish time
   int64_t instants_ = 0;
   std::vector<std::vector<NodeId>> consumers_;
   std::map<std::tuple<int32_t, int32_t, int16_t>, NodeId> last_backward_;

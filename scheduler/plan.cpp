@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <fstream>
 #include <sstream>
 
@@ -161,6 +162,46 @@ std::string render_errors(const PlanResult& r, const DiagnosticEngine& diags) {
   diags.print_all(out);
   if (!r.io_error.empty()) out << r.io_error << "\n";
   return out.str();
+}
+
+std::optional<Fit> largest_microbatch(const std::string& model_path, const std::string& strategy_path,
+                                      PlanOptions options, double budget, std::string* errors, int64_t limit) {
+  options.memory_budget.reset();
+  // Peaks grow with the samples per microbatch: find the last that fits by doubling, then bisection.
+  std::map<int64_t, int64_t> peaks;
+  options.cmd.batch_size.reset();  // first without a batch: how many replicas and microbatches share one
+  auto shape = compile_plan(model_path, strategy_path, options, errors);
+  if (!shape) return std::nullopt;
+  const int64_t per_sample = shape->dag.facts.mesh.replicas(shape->dag.facts.pipeline_axis) * shape->dag.facts.microbatches;
+  auto peak = [&](int64_t samples) -> std::optional<int64_t> {
+    if (auto it = peaks.find(samples); it != peaks.end()) return it->second;
+    options.cmd.batch_size = samples * per_sample;
+    auto p = compile_plan(model_path, strategy_path, options, errors);
+    if (!p) return std::nullopt;
+    int64_t worst = 0;
+    for (const auto& m : p->memory) worst = std::max(worst, m.peak);
+    return peaks[samples] = worst;
+  };
+  int64_t lo = 0, hi = 1;  // lo fits (0 trivially), hi is the next to try
+  for (;;) {
+    auto p = peak(hi);
+    if (!p) return std::nullopt;
+    if (double(*p) > budget) break;
+    lo = hi;
+    if (hi >= limit) break;
+    hi = std::min(limit, hi * 2);
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    auto p = peak(mid);
+    if (!p) return std::nullopt;
+    (double(*p) > budget ? hi : lo) = mid;
+  }
+  Fit f;
+  f.samples = lo;
+  if (lo > 0) f.peak = *peak(lo);
+  if (auto n = peak(lo + 1)) f.next_peak = *n;
+  return f;
 }
 
 std::optional<Plan> compile_plan(const std::string& model_path, const std::string& strategy_path,

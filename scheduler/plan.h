@@ -65,6 +65,17 @@ PlanResult compile_plan(FileId strategy, const Manifest& manifest, const PlanOpt
 // The rendered diagnostics (and an I/O error) of a failed compilation, for tools that print one message.
 std::string render_errors(const PlanResult& r, const DiagnosticEngine& diags);
 
+// The most samples per microbatch whose plan's fullest rank stays within `budget` bytes (the global
+// batch follows: samples × replicas × microbatches), searched up to `limit`; 0 when not even one
+// sample fits; nothing (and the rendered errors) when the plan does not compile.
+struct Fit {
+  int64_t samples = 0;      // the largest that fits
+  int64_t peak = 0;         // its predicted peak (fullest rank)
+  int64_t next_peak = 0;    // the peak one sample more would need
+};
+std::optional<Fit> largest_microbatch(const std::string& model_path, const std::string& strategy_path,
+                                      PlanOptions options, double budget, std::string* errors, int64_t limit = 4096);
+
 // Compiles, or returns nothing with the rendered errors in `errors` (piper-run, tests, benches).
 std::optional<Plan> compile_plan(const std::string& model_path, const std::string& strategy_path,
                                  const PlanOptions& options, std::string* errors);

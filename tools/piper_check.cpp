@@ -90,6 +90,8 @@ int main(int argc, char** argv) {
   app.add_option("--machine", machine_path, "machine description for costs (machines/h100.json, a100, h200, unit)");
   app.add_option("--cost", cost_spec, "unit costs instead of a machine: F=1,B=2,W=1,comm=0[,FB=..] (the default)");
   app.add_option("--memory-budget", budget_text, "per-device memory budget for --simulate, e.g. 80GiB");
+  bool fit = false;
+  app.add_flag("--fit", fit, "with --memory-budget: the largest microbatch (samples) whose plan fits the budget");
   app.add_flag("--verify-diagnostics", verify,
                "test mode: check the diagnostics against `# expected-error {{...}}` comments in the sources");
   try {
@@ -120,6 +122,32 @@ int main(int argc, char** argv) {
     return kUsage;
   }
 
+  if (fit) {  // a search over plans: print what fits, nothing else
+    auto b = parse_size(budget_text);
+    if (!b) {
+      fmt::print(stderr, "piper-check: error: --fit needs --memory-budget SIZE (e.g. 2GiB)\n");
+      return kUsage;
+    }
+    sched::PlanOptions opt;
+    opt.cmd = CommandLine{np, sets, std::nullopt, include_dirs};
+    for (auto& d : default_search_path()) opt.cmd.search_path.push_back(d);
+    opt.machine_path = machine_path;
+    opt.cost_spec = cost_spec;
+    std::string errors;
+    auto f = sched::largest_microbatch(model, strategy, opt, *b, &errors);
+    if (!f) {
+      std::cerr << errors;
+      return kInvalid;
+    }
+    if (f->samples == 0)
+      fmt::print("{}: not even one sample per microbatch fits {}: it needs {} on the fullest rank\n", strategy,
+                 human_bytes(*b), human_bytes(double(f->next_peak)));
+    else
+      fmt::print("{}: the largest microbatch that fits {} is {} sample{} (peak {} on the fullest rank); {} would need {}\n",
+                 strategy, human_bytes(*b), f->samples, f->samples == 1 ? "" : "s", human_bytes(double(f->peak)),
+                 f->samples + 1, human_bytes(double(f->next_peak)));
+    return kOk;
+  }
   try {
     SourceManager sources;
     DiagnosticEngine diags(sources);
