@@ -83,7 +83,21 @@ add 1f1b_zero3 4 1f1b_zero3.piper --set pp=2 --set dp=2 --set mb=2
 names+=(dualpipev_ep); run 4 "$S/dualpipev_ep.piper" 8 dualpipev_ep "$tmp/moe.pt" --set pp=2 --set ep=2 --set mb=4
 report "${names[@]}"
 
-echo "== 3. the paper's experiment: gpt 8 layers d=768 heads 12 ffn 3072 seq 32, pp=2 x dp=2 (mb=8)"
+echo "== 3. bf16 mixed precision: activations halve (single device, batch 8, same model)"
+printf 'use "single.piper";\nprecision bf16;\n' >"$tmp/bf16.piper"
+run 1 "$S/single.piper" 8 fp32_single "$tmp/m384.pt"
+run 1 "$tmp/bf16.piper" 8 bf16_single "$tmp/m384.pt" -I "$S"
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, sys
+t = sys.argv[1]
+def cats(n): return [json.loads(l) for l in open(f"{t}/{n}.jsonl") if '"step"' in l][-1]["peak_tensor_bytes_by_category"]
+a, b = cats("fp32_single"), cats("bf16_single")
+for k in ("activations", "params", "grads", "optimizer"):
+    print(f"  {k:<12} fp32 {a[k]/2**20:8.1f} MiB   bf16 {b[k]/2**20:8.1f} MiB   ratio {b[k]/a[k]:.3f}")
+PY
+report fp32_single bf16_single
+
+echo "== 4. the paper's experiment: gpt 8 layers d=768 heads 12 ffn 3072 seq 32, pp=2 x dp=2 (mb=8)"
 "$model" gpt --layers 8 --d-model 768 --heads 12 --ffn 3072 --seq 32 -o "$tmp/m768.pt"
 limit=480MiB
 for s in 1f1b_dp 1f1b_zero3; do

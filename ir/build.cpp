@@ -185,9 +185,10 @@ bool decide_replication(LowerContext& c, StageFacts& st) {
 }
 }  // namespace
 
-int64_t LowerContext::activation_bytes(const std::optional<TensorSpec>& t) const {
+int64_t LowerContext::activation_bytes(const std::optional<TensorSpec>& t, DType precision) const {
   if (!t) return 0;
-  int64_t n = dtype_bytes(t->dtype) * options.samples_per_microbatch;
+  const DType type = t->dtype == DType::F32 && precision == DType::BF16 ? DType::BF16 : t->dtype;
+  int64_t n = dtype_bytes(type) * options.samples_per_microbatch;
   for (int64_t d : t->shape) n *= d;
   return n;
 }
@@ -266,12 +267,13 @@ void build_pass(LowerContext& c) {
       if (j > 0) {
         // Between pieces flows the activation at the cut: the input of the piece's first region.
         const RegionId first = segs[j].regions.empty() ? segs[j - 1].regions.back() : segs[j].regions.front();
-        const int64_t at = c.activation_bytes(m.regions[static_cast<size_t>(first)].input);
+        const int64_t at = c.activation_bytes(m.regions[static_cast<size_t>(first)].input, c.stage(s).precision);
         g.connect(f[j - 1], f[j], EdgeKind::Data, at, act);
         g.connect(b[j], b[j - 1], EdgeKind::Data, at, grad);
       }
     }
-    const int64_t boundary = c.activation_bytes(m.regions[static_cast<size_t>(stages[s].regions.front())].input);
+    const int64_t boundary = c.activation_bytes(m.regions[static_cast<size_t>(stages[s].regions.front())].input,
+                                                c.stage(s).precision);
     if (prev_f >= 0) {
       g.connect(prev_f, f.front(), EdgeKind::Data, boundary, act);
       g.connect(b.front(), first_b[s - 1], EdgeKind::Data, boundary, grad);

@@ -16,7 +16,8 @@ struct LowerContext {
   Graph graph;
   bool failed = false;  // a pass reported the user's error; lowering stops after it
 
-  int64_t activation_bytes(const std::optional<TensorSpec>& t) const;  // one microbatch's worth
+  // One microbatch's worth; floating activations of a bf16 stage are bf16.
+  int64_t activation_bytes(const std::optional<TensorSpec>& t, DType precision = DType::F32) const;
   StageFacts& stage(size_t s) { return graph.facts.stages[s]; }
   bool segmented(int32_t stage) const { return graph.stage(stage).segments.size() > 1; }
   int32_t axis_index(const std::string& axis) const { return strategy.mesh.index(axis); }

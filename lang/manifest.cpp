@@ -136,19 +136,20 @@ class Loader {
         return fail(where + ".flops", "flops must be a non-negative number"), false;
       r.flops = static_cast<int64_t>(j["flops"].get<double>());
     }
-    if (j.contains("memory")) {
-      const json& mem = j["memory"];
+    for (auto [field, slot] : {std::pair{"memory", &r.memory}, std::pair{"memory_bf16", &r.memory_bf16}}) {
+      if (!j.contains(field)) continue;
+      const json& mem = j[field];
       RegionMemory rm;
-      for (auto [key, field] : {std::pair{"saved", &rm.saved}, std::pair{"forward_peak", &rm.forward_peak},
-                                std::pair{"backward_peak", &rm.backward_peak}}) {
-        const std::string at = fmt::format("{}.memory.{}", where, key);
+      for (auto [key, out] : {std::pair{"saved", &rm.saved}, std::pair{"forward_peak", &rm.forward_peak},
+                              std::pair{"backward_peak", &rm.backward_peak}}) {
+        const std::string at = fmt::format("{}.{}.{}", where, field, key);
         const json* v = mem.is_object() && mem.contains(key) ? &mem[key] : nullptr;
         if (!v || !v->is_array() || v->size() != 3 ||
             std::any_of(v->begin(), v->end(), [](const json& x) { return !x.is_number_integer() || x.get<int64_t>() < 0; }))
           return fail(at, "expected [bytes at 1, 2 and 4 samples] (non-negative integers)"), false;
-        *field = Measured{(*v)[0].get<int64_t>(), (*v)[1].get<int64_t>(), (*v)[2].get<int64_t>()};
+        *out = Measured{(*v)[0].get<int64_t>(), (*v)[1].get<int64_t>(), (*v)[2].get<int64_t>()};
       }
-      r.memory = rm;
+      *slot = rm;
     }
     for (const char* key : {"input", "output"}) {
       if (!j.contains(key)) continue;

@@ -56,7 +56,8 @@ struct Region {
   std::vector<ParamSpec> params;   // parameters owned directly by this region
   std::optional<TensorSpec> input, output;
   int64_t flops = 0;  // forward FLOPs per sample for this region alone
-  std::optional<RegionMemory> memory;  // measured activation memory, running the region (subtree) alone
+  std::optional<RegionMemory> memory;       // measured activation memory, running the region (subtree) alone
+  std::optional<RegionMemory> memory_bf16;  // the same with bf16 parameters and activations
 };
 
 struct Manifest {

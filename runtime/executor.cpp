@@ -198,9 +198,10 @@ struct Executor::Impl {
     const int64_t mb = n.microbatch, per = view.samples_per_microbatch;
     return [this, mb, per](const torch::Tensor& logits) {
       auto targets = tokens.slice(0, mb * per, (mb + 1) * per).slice(1, 1);
-      // Each microbatch's mean, scaled so the microbatches sum to the batch mean.
-      return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1})) /
-             static_cast<double>(view.microbatches);
+      // Each microbatch's mean (in fp32 whatever the compute precision), scaled so the microbatches
+      // sum to the batch mean.
+      const torch::Tensor l = logits.to(torch::kFloat);
+      return at::cross_entropy_loss(l.reshape({-1, l.size(-1)}), targets.reshape({-1})) / static_cast<double>(view.microbatches);
     };
   }
 
@@ -280,7 +281,8 @@ struct Executor::Impl {
     torch::Tensor buf;
     {
       MemScope scope(MemCategory::Activations);
-      buf = torch::empty(per_sample_shape(act ? regions.front() : regions.back(), act), torch::kFloat);
+      const bool bf16 = g.stage(n.stage).precision == DType::BF16;
+      buf = torch::empty(per_sample_shape(act ? regions.front() : regions.back(), act), bf16 ? torch::kBFloat16 : torch::kFloat);
     }
     auto [peer, tag] = view.peers[static_cast<size_t>(v)];
     comm.recv(buf.data_ptr(), static_cast<size_t>(buf.nbytes()), peer, tag);
@@ -367,8 +369,10 @@ std::vector<std::string> Executor::unsupported(const sched::Plan& plan) {
   for (const Node& n : plan.dag.nodes)
     if (n.op == Op::Broadcast) out.insert("broadcast");
   for (const auto& st : plan.dag.facts.stages) {
-    // The runtime trains in fp32; silently ignoring a lower precision would mislead.
-    if (st.precision != DType::F32) out.insert("precision bf16 (the runtime trains in fp32)");
+    // Expert pieces exchange fp32 tokens and gates; silently training them in fp32 would mislead.
+    if (st.precision != DType::F32 && !st.experts.empty()) out.insert("precision bf16 together with expert parallelism");
+    if (st.precision != DType::F32 && st.precision != DType::BF16) out.insert("precision other than fp32 and bf16");
+    if (st.precision != plan.dag.facts.stages.front().precision) out.insert("stages of different precisions");
     const auto& rep = st.replication;
     int64_t covered = 0;
     for (const auto& b : rep.buckets) covered += b.size();

@@ -238,8 +238,7 @@ void save_model(const ModelConfig& c, const std::string& path) {
   Module root = build(c);
   root.save(path, {{"piper/manifest.json", manifest_json(c)}});
   // Measure the regions' activation memory on the saved model, then save it again with the facts.
-  RegionModel model(path);
-  root.save(path, {{"piper/manifest.json", measure_manifest(model)}});
+  root.save(path, {{"piper/manifest.json", measure_manifest(path)}});
 }
 
 std::string measured_manifest_json(const ModelConfig& c) {
@@ -250,8 +249,7 @@ std::string measured_manifest_json(const ModelConfig& c) {
   build(probe).save(path.string(), {{"piper/manifest.json", manifest_json(probe)}});
   std::string out;
   try {
-    RegionModel model(path.string());
-    out = measure_manifest_like(model, manifest_json(c));
+    out = measure_manifest_like(path.string(), manifest_json(c));
   } catch (...) {
     std::filesystem::remove(path);
     throw;

@@ -32,18 +32,19 @@ std::vector<torch::Tensor> tensors_of(const c10::IValue& v) {
 
 // One forward and backward of `m` on `b` samples, as the executor runs a piece: parameter
 // gradients already exist (they are views into flat buffers there), so accumulation allocates nothing.
-Sample measure_once(torch::jit::Module& m, const json& input, bool loss, int64_t b, int64_t vocab) {
+Sample measure_once(torch::jit::Module& m, const json& input, bool loss, int64_t b, int64_t vocab, torch::ScalarType dtype) {
   std::vector<int64_t> shape{b};
   for (const auto& d : input["shape"]) shape.push_back(d.get<int64_t>());
   const bool tokens = input.value("dtype", "float32") == "int64";
-  torch::Tensor x = tokens ? torch::randint(vocab, shape, torch::kLong) : torch::randn(shape).requires_grad_(true);
+  torch::Tensor x = tokens ? torch::randint(vocab, shape, torch::kLong)
+                           : torch::randn(shape, torch::TensorOptions().dtype(dtype)).requires_grad_(true);
   torch::Tensor targets = loss ? torch::randint(vocab, {b, shape.size() > 1 ? shape[1] : 1}, torch::kLong) : torch::Tensor();
   Sample s;
   reset_memory_peak(kMeasureRank);
   const int64_t before = memory_stats(kMeasureRank).live;
   std::vector<torch::Tensor> outs = tensors_of(m.forward({x}));
   if (loss) {
-    const torch::Tensor& logits = outs.at(0);
+    const torch::Tensor logits = outs.at(0).to(torch::kFloat);  // the loss in fp32, as the executor does
     outs = {at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}))};
   }
   const MemoryStats after = memory_stats(kMeasureRank);
@@ -79,7 +80,7 @@ std::string signature(const json& manifest, const json& r) {
   return sig;
 }
 
-std::map<std::string, json> measure(RegionModel& model, json& j) {
+std::map<std::string, json> measure(RegionModel& model, json& j, torch::ScalarType dtype) {
   install_memory_counter();
   const int saved_rank = memory_rank();
   const int threads = torch::get_num_threads();
@@ -100,6 +101,7 @@ std::map<std::string, json> measure(RegionModel& model, json& j) {
     } catch (const std::exception&) {
       continue;  // a region without a module of its own (a group) is not run alone
     }
+    if (dtype != torch::kFloat) m.to(dtype);
     for (auto p : m.parameters()) {  // as in the executor: gradients exist before the backward
       p.set_requires_grad(true);
       p.mutable_grad() = torch::zeros_like(p);
@@ -107,7 +109,7 @@ std::map<std::string, json> measure(RegionModel& model, json& j) {
     json saved = json::array(), fwd = json::array(), bwd = json::array();
     try {
       for (int64_t b : {1, 2, 4}) {
-        Sample s = measure_once(m, r["input"], name == last, b, vocab);
+        Sample s = measure_once(m, r["input"], name == last, b, vocab, dtype);
         saved.push_back(s.saved);
         fwd.push_back(s.forward_peak);
         bwd.push_back(s.backward_peak);
@@ -125,25 +127,31 @@ std::map<std::string, json> measure(RegionModel& model, json& j) {
   return facts;
 }
 
-std::string fill_memory(json j, const std::map<std::string, json>& facts) {
+json fill_memory(json j, const std::map<std::string, json>& facts, const char* field) {
   for (auto& r : j["regions"]) {
     if (!r.contains("input") || !r.contains("name")) continue;
-    if (auto it = facts.find(signature(j, r)); it != facts.end()) r["memory"] = it->second;
+    if (auto it = facts.find(signature(j, r)); it != facts.end()) r[field] = it->second;
   }
-  return j.dump(1) + "\n";
+  return j;
+}
+
+// Both precisions, each on a model loaded afresh (measuring bf16 converts the modules).
+json measure_both(const std::string& probe, json target) {
+  for (auto [dtype, field] : {std::pair{torch::kFloat, "memory"}, std::pair{torch::kBFloat16, "memory_bf16"}}) {
+    RegionModel model(probe);
+    json p = json::parse(model.manifest_json());
+    target = fill_memory(std::move(target), measure(model, p, dtype), field);
+  }
+  return target;
 }
 }  // namespace
 
-std::string measure_manifest(RegionModel& model) {
-  json j = json::parse(model.manifest_json());
-  auto facts = measure(model, j);
-  return fill_memory(std::move(j), facts);
+std::string measure_manifest(const std::string& path) {
+  return measure_both(path, json::parse(RegionModel(path).manifest_json())).dump(1) + "\n";
 }
 
-std::string measure_manifest_like(RegionModel& probe, const std::string& manifest) {
-  json p = json::parse(probe.manifest_json());
-  auto facts = measure(probe, p);
-  return fill_memory(json::parse(manifest), facts);
+std::string measure_manifest_like(const std::string& probe, const std::string& manifest) {
+  return measure_both(probe, json::parse(manifest)).dump(1) + "\n";
 }
 
 }  // namespace piper::runtime

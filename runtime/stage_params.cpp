@@ -15,7 +15,7 @@ namespace {
 constexpr int64_t kOptimizerChunk = 1 << 20;
 
 void resize_storage(const torch::Tensor& t, int64_t elements) {
-  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), static_cast<size_t>(elements) * sizeof(float));
+  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), static_cast<size_t>(elements) * t.element_size());
 }
 }  // namespace
 
@@ -72,7 +72,7 @@ void FlatOptimizer::step() {
 StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense, std::vector<torch::Tensor> experts,
                          int64_t expert_replicas, const OptimizerOptions& opt, Communicator& comm)
     : view_(view), comm_(comm), dense_(std::move(dense)), experts_(std::move(experts)),
-      expert_replicas_(expert_replicas), optimizer_(opt) {
+      expert_replicas_(expert_replicas), bf16_(view.facts->precision == DType::BF16), optimizer_(opt) {
   torch::NoGradGuard no_grad;
   const ir::StageFacts& f = *view_.facts;
   const ir::Replication& rep = f.replication;
@@ -90,15 +90,21 @@ StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense
       MemScope scope(MemCategory::Params);
       flat_ = torch::empty({f.dense_elems});
     }
-    for (size_t i = 0; i < dense_.size(); ++i) {
+    for (size_t i = 0; i < dense_.size(); ++i)
       flat_.narrow(0, offset_[i], dense_[i].numel()).copy_(dense_[i].detach().reshape({-1}));
-      view_into(dense_[i], flat_, offset_[i]);
+    if (bf16_) {  // the fp32 parameters are the master copy; the modules run on a bf16 one
+      MemScope scope(MemCategory::Params);
+      compute_ = flat_.to(torch::kBFloat16);
     }
+    for (size_t i = 0; i < dense_.size(); ++i) view_into(dense_[i], bf16_ ? compute_ : flat_, offset_[i]);
     if (zero <= 1) {
       MemScope scope(MemCategory::Grads);
       grad_ = torch::zeros({f.dense_elems});
+      // In bf16 the backward accumulates into bf16 gradients, added into the fp32 ones piece by piece.
+      if (bf16_) grad16_ = torch::zeros({f.dense_elems}, torch::kBFloat16);
+      const torch::Tensor& into = bf16_ ? grad16_ : grad_;
       for (size_t i = 0; i < dense_.size(); ++i)
-        dense_[i].mutable_grad() = grad_.narrow(0, offset_[i], dense_[i].numel()).view(dense_[i].sizes());
+        dense_[i].mutable_grad() = into.narrow(0, offset_[i], dense_[i].numel()).view(dense_[i].sizes());
     }
     if (zero == 0) {
       optimizer_.add(flat_, grad_);
@@ -119,19 +125,21 @@ StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense
     // rank keeps only its shard of each unit.
     for (size_t u = 0; u < rep.units.size(); ++u) {
       const ir::Range unit = rep.units[u], mine = view_.my_unit_shard(u);
-      torch::Tensor storage;
+      torch::Tensor storage, values;
       {
         MemScope scope(MemCategory::Gather);
-        storage = torch::empty({unit.size()});
+        values = torch::empty({unit.size()});  // fp32: the shard this rank keeps is the master copy
+        storage = bf16_ ? torch::empty({unit.size()}, torch::kBFloat16) : values;
       }
-      for (size_t i : params_in(unit)) {
-        storage.narrow(0, offset_[i] - unit.begin, dense_[i].numel()).copy_(dense_[i].detach().reshape({-1}));
-        view_into(dense_[i], storage, offset_[i] - unit.begin);
-      }
+      for (size_t i : params_in(unit))
+        values.narrow(0, offset_[i] - unit.begin, dense_[i].numel()).copy_(dense_[i].detach().reshape({-1}));
       {
         MemScope scope(MemCategory::Params);
-        shard_param_.push_back(storage.narrow(0, mine.begin - unit.begin, mine.size()).clone());
+        shard_param_.push_back(values.narrow(0, mine.begin - unit.begin, mine.size()).clone());
       }
+      if (bf16_) storage.copy_(values);
+      values = torch::Tensor();
+      for (size_t i : params_in(unit)) view_into(dense_[i], storage, offset_[i] - unit.begin);
       {
         MemScope scope(MemCategory::Grads);
         shard_grad_.push_back(torch::zeros({mine.size()}));
@@ -222,7 +230,7 @@ void StageParams::begin_backward(const ir::Range& range, int32_t mb) {
       auto [it, fresh] = mb_grads_.emplace(std::make_pair(mb, b), torch::Tensor());
       if (fresh) {
         MemScope scope(MemCategory::Grads);
-        it->second = torch::zeros({buckets[b].size()});
+        it->second = torch::zeros({buckets[b].size()}, bf16_ ? torch::kBFloat16 : torch::kFloat);
       }
       buf = it->second;
     }
@@ -232,6 +240,17 @@ void StageParams::begin_backward(const ir::Range& range, int32_t mb) {
 }
 
 void StageParams::end_backward(const ir::Range& range) {
+  if (grad16_.defined()) {  // bf16: this piece's gradients into the fp32 accumulator, then start again
+    torch::NoGradGuard no_grad;
+    MemScope scope(MemCategory::Grads);
+    // In chunks: a mixed-precision add casts its bf16 operand to a temporary first.
+    for (int64_t a = range.begin; a < range.end; a += kOptimizerChunk) {
+      const int64_t n = std::min(kOptimizerChunk, range.end - a);
+      grad_.narrow(0, a, n).add_(grad16_.narrow(0, a, n));
+    }
+    grad16_.narrow(0, range.begin, range.size()).zero_();
+    return;
+  }
   if (view_.zero() < 2) return;
   // The buffers stay (held by mb_grads_) until their reduce-scatter; the parameters let go.
   for (size_t b : buckets_in(range))
@@ -251,6 +270,10 @@ void StageParams::reduce_scatter(size_t bucket, int32_t mb) {
   } else {
     std::lock_guard lk(mu_);
     source = mb_grads_.at({mb, bucket});
+  }
+  if (source.scalar_type() != torch::kFloat) {  // bf16 gradients are reduced in fp32
+    MemScope scope(MemCategory::Comm);
+    source = source.to(torch::kFloat);
   }
   const auto offsets = relative(view_.bucket_shards[bucket]);
   const size_t k = grad_shard_of_[bucket];
@@ -280,6 +303,10 @@ void StageParams::all_gather(size_t bucket) {
   // The updated shard already sits in place inside the flat parameters.
   comm_.all_gather(nullptr, flat_.data_ptr<float>() + b.begin, relative(view_.bucket_shards[bucket]), view_.dp_group,
                    kReplicaChannel);
+  if (bf16_) {
+    torch::NoGradGuard no_grad;
+    compute_.narrow(0, b.begin, b.size()).copy_(flat_.narrow(0, b.begin, b.size()));
+  }
 }
 
 void StageParams::gather_unit(size_t u, int consumers) {
@@ -296,13 +323,23 @@ void StageParams::gather_unit(size_t u, int consumers) {
     } else {
       // Already materialized for another microbatch or direction: the values are the same, but
       // writing into storage a running piece reads would race; gather into a scratch buffer.
-      target = torch::empty({unit.size()});
+      target = torch::empty({unit.size()}, bf16_ ? torch::kBFloat16 : torch::kFloat);
     }
   }
-  // The storage is written by the communicator, not by a tensor op, so the version counters the
-  // saved autograd graphs check stay as they were (the FSDP technique).
-  comm_.all_gather(shard_param_[u].data_ptr<float>(), target.data_ptr<float>(), relative(view_.unit_shards[u]),
+  // The storage is written by the communicator (or a copy into the storage's own tensor), never
+  // through the parameters, so the version counters the saved autograd graphs check stay as they
+  // were (the FSDP technique). bf16 gathers the fp32 shards, then rounds them into the storage.
+  torch::Tensor gathered = target;
+  if (bf16_) {
+    MemScope scope(MemCategory::Gather);
+    gathered = torch::empty({unit.size()});
+  }
+  comm_.all_gather(shard_param_[u].data_ptr<float>(), gathered.data_ptr<float>(), relative(view_.unit_shards[u]),
                    view_.dp_group, kReplicaChannel);
+  if (bf16_) {
+    torch::NoGradGuard no_grad;
+    target.copy_(gathered);
+  }
 }
 
 void StageParams::release_units(const ir::Range& range) {
@@ -321,6 +358,7 @@ void StageParams::update() {
   }
   if (expert_grad_.defined() && expert_replicas_ > 1) expert_grad_.div_(static_cast<double>(expert_replicas_));
   optimizer_.step();
+  if (bf16_ && (rep.axis < 0 || rep.zero == 0)) compute_.copy_(flat_);  // ZeRO-1/2: as each bucket is gathered
 }
 
 std::pair<double, double> StageParams::checksum(bool owner_of_replicated) const {

@@ -66,8 +66,10 @@ class StageParams {
   Communicator& comm_;
   std::vector<torch::Tensor> dense_, experts_;
   int64_t expert_replicas_ = 1;
+  const bool bf16_;              // `precision bf16`: the modules run on bf16 copies of fp32 masters
   std::vector<int64_t> offset_;  // per dense parameter: its first element in the layout
-  torch::Tensor flat_, grad_;    // ZeRO 0-2: all parameters and (0-1) gradients, contiguous
+  torch::Tensor flat_, grad_;    // ZeRO 0-2: all parameters and (0-1) gradients, contiguous, fp32
+  torch::Tensor compute_, grad16_;  // bf16: what the modules compute with, and (ZeRO 0-1) their gradients
   torch::Tensor expert_flat_, expert_grad_;
   // ZeRO-1/2: per bucket this rank's summed gradient shard. ZeRO-3: per unit, the shard of the
   // parameters and of the gradients it owns, and the unit's storage (empty between uses).

@@ -39,9 +39,10 @@ namespace {
 constexpr int64_t kFloat = 4;
 constexpr int64_t kOptimizerChunk = 1 << 20;  // elements per pass of the executor's optimizer
 
-int64_t spec_bytes(const std::optional<TensorSpec>& t, int64_t samples) {
+// A tensor of this spec at `samples` samples; floating tensors of a bf16 stage are bf16.
+int64_t spec_bytes(const std::optional<TensorSpec>& t, int64_t samples, bool bf16 = false) {
   if (!t) return 0;
-  int64_t n = dtype_bytes(t->dtype) * samples;
+  int64_t n = dtype_bytes(bf16 && t->dtype == DType::F32 ? DType::BF16 : t->dtype) * samples;
   for (int64_t d : t->shape) n *= d;
   return n;
 }
@@ -61,14 +62,17 @@ struct RegionBytes {
 
 // A region measured (manifest `memory`), or estimated when it was not: its and its sub-regions'
 // outputs held, its output as the backward's extra.
-RegionBytes region_bytes(const Manifest& m, RegionId r, int64_t samples) {
+RegionBytes region_bytes(const Manifest& m, RegionId r, int64_t samples, bool bf16) {
   const Region& reg = m.regions[static_cast<size_t>(r)];
-  const int64_t out = spec_bytes(reg.output, samples);
-  if (reg.memory)
-    return {reg.memory->saved.at(samples), reg.memory->forward_peak.at(samples), reg.memory->backward_peak.at(samples),
-            out};
+  const int64_t out = spec_bytes(reg.output, samples, bf16);
+  const auto& mem = bf16 && reg.memory_bf16 ? reg.memory_bf16 : reg.memory;
+  if (mem) {
+    RegionBytes b{mem->saved.at(samples), mem->forward_peak.at(samples), mem->backward_peak.at(samples), out};
+    if (bf16 && !reg.memory_bf16) b = {b.saved / 2, b.forward_peak / 2, b.backward_peak / 2, out};  // fp32 facts only
+    return b;
+  }
   int64_t held = out;
-  for (RegionId c : reg.children) held += region_bytes(m, c, samples).saved;
+  for (RegionId c : reg.children) held += region_bytes(m, c, samples, bf16).saved;
   return {held, held, out, out};
 }
 
@@ -214,7 +218,7 @@ class ClassModel {
       const ir::ExpertShard* e = experts_of(x, x.segment);
       const int64_t ways = e ? e->ways : 1, owned = e ? static_cast<int64_t>(e->owned(0).size()) : 0;
       const RegionId member = m_.regions[static_cast<size_t>(seg.sharded)].children.front();
-      RegionBytes one = region_bytes(m_, member, ways * S_);
+      RegionBytes one = region_bytes(m_, member, ways * S_, bf16(x));
       const int64_t out = spec_bytes(m_.regions[static_cast<size_t>(member)].output, ways * S_);
       p.saved = owned * one.saved + out;
       p.forward_peak = p.saved + (one.forward_peak - one.saved);
@@ -225,16 +229,16 @@ class ClassModel {
         const RegionId r = seg.regions[k2];
         if (k2 + 1 == seg.regions.size() && moe_end(x)) {  // the block runs its attention and router only
           for (const char* kind : {"attention", "router"})
-            if (RegionId c = child_of_kind(m_, r, kind); c >= 0) rs.push_back(region_bytes(m_, c, S_));
+            if (RegionId c = child_of_kind(m_, r, kind); c >= 0) rs.push_back(region_bytes(m_, c, S_, bf16(x)));
         } else {
-          rs.push_back(region_bytes(m_, r, S_));
+          rs.push_back(region_bytes(m_, r, S_, bf16(x)));
         }
       }
       const RegionId first = seg.regions.empty() ? -1 : seg.regions.front();
       const bool grad_in = x.stage > 0 || x.segment > 0;
-      p = compose(rs, first >= 0 && grad_in ? spec_bytes(m_.regions[static_cast<size_t>(first)].input, S_) : 0);
+      p = compose(rs, first >= 0 && grad_in ? spec_bytes(m_.regions[static_cast<size_t>(first)].input, S_, bf16(x)) : 0);
       if (moe_end(x) && !seg.regions.empty())  // its outputs: attention, h and gates (the router's, in its saved)
-        p.output = spec_bytes(m_.regions[static_cast<size_t>(seg.regions.back())].output, S_);
+        p.output = spec_bytes(m_.regions[static_cast<size_t>(seg.regions.back())].output, S_, bf16(x));
     }
     (void)last;
     return pieces_[k] = p;
@@ -267,6 +271,10 @@ class ClassModel {
         if (x.op != Op::BI) add(b, -again, MemCategory::Activations);
         if (x.op != Op::BW && p.input > 0) value(v, b, p.input);
         if (x.op != Op::BI) grad_buckets(v);
+        // bf16 (ZeRO 0-1): the piece's bf16 gradients are added into the fp32 ones a chunk at a
+        // time, through an fp32 copy of the chunk.
+        if (x.op != Op::BI && bf16(x) && zero_of(x) <= 1)
+          hold(b, b, std::min(segment(x).dense.size(), kOptimizerChunk) * kFloat, MemCategory::Grads);
         break;
       }
       case Op::Recv: {
@@ -274,15 +282,18 @@ class ClassModel {
         const bool act = x.payload == ir::Payload::Act;
         const RegionId r = act ? regions.front() : regions.back();
         const auto& spec = act ? m_.regions[static_cast<size_t>(r)].input : m_.regions[static_cast<size_t>(r)].output;
-        value(v, a, spec_bytes(spec, S_));
+        value(v, a, spec_bytes(spec, S_, bf16(x)));
         break;
       }
       case Op::ReduceScatter: {
         const auto& rep = g_.stage(x.stage).replication;
-        const int64_t shard = shard_elems(rep, rep.buckets[static_cast<size_t>(x.bucket)]) * kFloat;
+        const ir::Range& bucket = rep.buckets[static_cast<size_t>(x.bucket)];
+        const int64_t shard = shard_elems(rep, bucket) * kFloat;
         // The first reduction of a bucket in the step writes straight into the shard (ZeRO-2/3).
         const bool direct = x.microbatch >= 0 && first_reduction_.insert({x.stage, x.bucket}).second;
         if (!direct) hold(a, b, shard, MemCategory::Comm);
+        // bf16 microbatch gradients are reduced from an fp32 copy of the bucket.
+        if (bf16(x) && x.microbatch >= 0) hold(a, b, bucket.size() * kFloat, MemCategory::Comm);
         break;
       }
       case Op::AllGather:
@@ -292,6 +303,12 @@ class ClassModel {
       case Op::AllToAll: all_to_all(v, a, b); break;
       default: break;
     }
+  }
+
+  bool bf16(const Node& x) const { return g_.stage(x.stage).precision == DType::BF16; }
+  int zero_of(const Node& x) const {
+    const auto& rep = g_.stage(x.stage).replication;
+    return rep.axis >= 0 ? rep.zero : 0;
   }
 
   bool has_recompute(const Node& x) const {
@@ -314,7 +331,7 @@ class ClassModel {
       if (!(bk.begin < r.end && r.begin < bk.end)) continue;
       if (!bucket_open_.insert({x.stage, x.microbatch, int32_t(k)}).second) continue;
       auto it = rs_.find({x.stage, x.microbatch, int32_t(k)});
-      hold(start(v), it != rs_.end() ? finish(it->second) : finish(v), bk.size() * kFloat, MemCategory::Grads);
+      hold(start(v), it != rs_.end() ? finish(it->second) : finish(v), bk.size() * (bf16(x) ? 2 : kFloat), MemCategory::Grads);
     }
   }
 
@@ -340,12 +357,14 @@ class ClassModel {
   void gathers() {
     for (auto& [unit, list] : gathers_) {
       const ir::Range& u = g_.stage(unit.first).replication.units[static_cast<size_t>(unit.second)];
-      const int64_t bytes = u.size() * kFloat;
+      const bool half = g_.stage(unit.first).precision == DType::BF16;
+      const int64_t bytes = u.size() * (half ? 2 : kFloat);
       std::vector<std::pair<double, int>> marks;  // (time, +uses at a gather's start / -1 at a use's end)
       std::sort(list.begin(), list.end(), [&](NodeId p, NodeId q) { return start(p) < start(q); });
       for (NodeId v : list) {
         marks.push_back({start(v), int(consumers_[static_cast<size_t>(v)].size())});
         for (NodeId c : consumers_[static_cast<size_t>(v)]) marks.push_back({finish(c), -1});
+        if (half) hold(start(v), finish(v), u.size() * kFloat, MemCategory::Gather);  // gathered in fp32, then rounded
       }
       std::stable_sort(marks.begin(), marks.end(), [](auto& p, auto& q) { return p.first < q.first; });
       int holders = 0;
@@ -428,6 +447,10 @@ ByCategory resident(const ir::Graph& g, const std::vector<int32_t>& stages, int3
     else put(MemCategory::Params, shards);
     if (zero <= 1) put(MemCategory::Grads, st.dense_elems);
     else put(MemCategory::Grads, shards);
+    if (st.precision == DType::BF16) {  // the bf16 copy the modules run on, and (ZeRO 0-1) its gradients
+      if (zero < 3) r[static_cast<size_t>(MemCategory::Params)] += 2 * st.dense_elems;
+      if (zero <= 1) r[static_cast<size_t>(MemCategory::Grads)] += 2 * st.dense_elems;
+    }
     if (o.adam) put(MemCategory::Optimizer, 2 * (zero == 0 ? st.dense_elems : shards));
     for (const auto& e : st.experts) {
       const int64_t elems = static_cast<int64_t>(e.owned(mesh.coord(rank, e.axis)).size()) * e.member_bytes / kFloat;

@@ -2,6 +2,8 @@
 # The heart of Piper: a distributed strategy trains to the same losses as one device. Trains a tiny
 # GPT for 20 steps with the single-device reference trainer and with `mpirun -np N piper-run`, and
 # compares every step's loss (1e-5 relative) and the final parameters (sum and sum of squares).
+# A strategy with `precision bf16` is compared with the reference in bf16 (fp32 master weights),
+# within 2e-4: the order in which microbatches' and replicas' bf16 gradients are summed differs.
 # Usage: equivalence_test.sh PIPER_MODEL PIPER_TRAIN_REF PIPER_RUN NP STRATEGY [--set ...]
 set -euo pipefail
 model_bin=$1 ref_bin=$2 run_bin=$3 np=$4 strategy=$5
@@ -20,11 +22,14 @@ ref_extra=()
 for ((i = 1; i <= $#; i++)); do
   if [ "${!i}" = --seq-len ]; then j=$((i + 1)); ref_extra+=(--seq-len "${!j}"); fi
 done
+tolerance=1e-5
+if grep -q "^precision bf16" "$root/strategies/$strategy"; then ref_extra+=(--precision bf16); tolerance=2e-4; fi
 "$ref_bin" "$tmp/m.pt" "${common[@]}" "${ref_extra[@]}" --threads 1 --metrics "$tmp/ref.jsonl" >/dev/null
 timeout 300 mpirun -np "$np" --oversubscribe --bind-to none "$run_bin" "$tmp/m.pt" "$root/strategies/$strategy" \
   "${common[@]}" --threads 1 --metrics "$tmp/run.jsonl" "$@" >"$tmp/run.log" 2>&1 || { cat "$tmp/run.log"; exit 1; }
-/usr/bin/python3 - "$tmp/ref.jsonl" "$tmp/run.jsonl" "$strategy $*" <<'PY'
+/usr/bin/python3 - "$tmp/ref.jsonl" "$tmp/run.jsonl" "$strategy $*" "$tolerance" <<'PY'
 import json, sys
+tol = float(sys.argv[4])
 def read(p):
     rows = [json.loads(l) for l in open(p)]
     return [r["loss"] for r in rows if "loss" in r], [r for r in rows if "final_param_sum" in r][0]
@@ -34,7 +39,7 @@ assert len(ref) == len(run) == 20, (len(ref), len(run))
 worst = max(abs(a - b) / abs(a) for a, b in zip(ref, run))
 for k in ("final_param_sum", "final_param_sumsq"):
     rel = abs(ref_p[k] - run_p[k]) / max(abs(ref_p[k]), 1e-12)
-    assert rel < 1e-5, f"{k}: reference {ref_p[k]} vs {run_p[k]} (rel {rel:.2e})"
-assert worst < 1e-5, f"losses differ by up to {worst:.2e} relative:\n ref {ref}\n run {run}"
+    assert rel < tol, f"{k}: reference {ref_p[k]} vs {run_p[k]} (rel {rel:.2e})"
+assert worst < tol, f"losses differ by up to {worst:.2e} relative:\n ref {ref}\n run {run}"
 print(f"{sys.argv[3]}: 20 losses {ref[0]:.4f} -> {ref[-1]:.4f}, max relative difference {worst:.1e}; final parameters agree")
 PY

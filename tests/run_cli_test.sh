@@ -20,8 +20,7 @@ expect 0 "step    3/3" "runs without mpirun, one rank" -- "$run" "$tmp/m.pt" "$r
 expect 1 "the mesh has 2 devices (pp=2) but the world has 1 ranks" "a strategy for 2 ranks on 1" -- \
   "$run" "$tmp/m.pt" "$root/strategies/1f1b.piper" --set pp=2 --steps 1
 printf 'use "single.piper";\nprecision bf16;\n' >"$tmp/bf16.piper"
-expect 1 "does not execute yet: precision bf16" "bf16 is refused, not silently ignored" -- \
-  "$run" "$tmp/m.pt" "$tmp/bf16.piper" --steps 1 -I "$root/strategies"
+expect 0 "step    1/1" "bf16 mixed precision trains" -- "$run" "$tmp/m.pt" "$tmp/bf16.piper" --steps 1 -I "$root/strategies"
 expect 1 "cannot open" "missing data file" -- "$run" "$tmp/m.pt" "$root/strategies/single.piper" --data "$tmp/none.txt"
 expect 0 "piper-run" "--version" -- "$run" --version
 if ((fails)); then echo "run_cli_test: $fails failed"; exit 1; fi

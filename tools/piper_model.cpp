@@ -54,8 +54,8 @@ int main(int argc, char** argv) {
   }
   try {
     if (measure->parsed()) {
+      const std::string manifest = piper::runtime::measure_manifest(measure_path);
       piper::runtime::RegionModel m(measure_path);
-      const std::string manifest = piper::runtime::measure_manifest(m);
       m.impl().root.save(measure_out.empty() ? measure_path : measure_out, {{"piper/manifest.json", manifest}});
       fmt::print("{}: activation memory measured for every region\n", measure_out.empty() ? measure_path : measure_out);
       return 0;

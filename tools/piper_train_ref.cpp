@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <torch/script.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -14,7 +15,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"piper-train-ref: train a model.pt on one device with a plain LibTorch loop"};
-  std::string model_path, data_path, metrics_path, optimizer = "adamw";
+  std::string model_path, data_path, metrics_path, optimizer = "adamw", precision = "fp32";
   int64_t steps = 20, batch = 8, seq = 0, threads = 0;
   double lr = 1e-3;
   uint64_t seed = 0;
@@ -28,17 +29,26 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "data order seed")->capture_default_str();
   app.add_option("--metrics", metrics_path, "JSON lines, one per step");
   app.add_option("--threads", threads, "intra-op threads (default: LibTorch's)");
+  app.add_option("--precision", precision, "fp32, or bf16: bf16 compute and activations, fp32 master weights and optimizer")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
     std::unordered_map<std::string, std::string> extra{{"piper/manifest.json", ""}};
+    torch::jit::setGraphExecutorOptimize(false);  // as the runtime runs regions (runtime/region_model.h)
     auto model = torch::jit::load(model_path, c10::nullopt, extra);
     model.train();
-    std::vector<torch::Tensor> params;
+    // Mixed precision: the optimizer steps fp32 masters; the model computes with bf16 copies.
+    const bool bf16 = precision == "bf16";
+    std::vector<torch::Tensor> params, compute;
+    for (auto p : model.parameters()) params.push_back(p.detach().clone().requires_grad_(true));
+    if (bf16) model.to(torch::kBFloat16);
     for (auto p : model.parameters()) {
       p.set_requires_grad(true);
-      params.push_back(p);
+      compute.push_back(p);
     }
+    if (!bf16) params = compute;
     piper::runtime::TokenData data(data_path);
     if (seq <= 0) {
       auto m = nlohmann::json::parse(extra["piper/manifest.json"]);
@@ -53,11 +63,21 @@ int main(int argc, char** argv) {
       auto t0 = std::chrono::steady_clock::now();
       auto tokens = data.batch(seed, static_cast<uint64_t>(step), batch, 0, batch, seq);
       auto t = torch::from_blob(tokens.data(), {batch, seq + 1}, torch::kLong).clone();
-      auto logits = model.forward({t.slice(1, 0, seq)}).toTensor();
+      auto logits = model.forward({t.slice(1, 0, seq)}).toTensor().to(torch::kFloat);  // the loss in fp32
       auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), t.slice(1, 1).reshape({-1}));
       opt->zero_grad();
+      for (auto& p : compute)
+        if (p.grad().defined()) p.mutable_grad().zero_();
       loss.backward();
+      if (bf16) {
+        torch::NoGradGuard no_grad;
+        for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = compute[i].grad().to(torch::kFloat);
+      }
       opt->step();
+      if (bf16) {
+        torch::NoGradGuard no_grad;
+        for (size_t i = 0; i < params.size(); ++i) compute[i].copy_(params[i]);
+      }
       double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       fmt::print("step {:>4}  loss {:.6f}  {:.0f} tokens/s\n", step + 1, loss.item<double>(), double(batch * seq) / secs);
       if (metrics.is_open())
