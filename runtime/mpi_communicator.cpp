@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 #include <mpi.h>
+#include <sys/prctl.h>
+
+#include <algorithm>
+#include <ctime>
 
 #include <cstdio>
 #include <map>
@@ -17,6 +21,34 @@ void check(int rc, const char* what) {
   int len = 0;
   MPI_Error_string(rc, msg, &len);
   throw std::runtime_error(fmt::format("MPI {} failed: {}", what, std::string(msg, static_cast<size_t>(len))));
+}
+
+// Waits for a request without busy-polling. Open MPI's blocking calls spin in its progress loop,
+// taking the core that a rank's compute (or a peer rank sharing the node) needs; so every call here
+// is nonblocking and this waits: a few tests back to back (a message already on its way), then
+// sleeps that double from 2 us up to kMaxSleep between tests. Each test also drives MPI's progress
+// (rendezvous handshakes, the rounds of a nonblocking collective), so the cap bounds the latency
+// each round can add; the timer slack is lowered so that the short sleeps are short.
+constexpr int kSpins = 64;
+constexpr long kMaxSleepNs = 200'000;
+
+void wait(MPI_Request* req, MPI_Status* st, const char* what) {
+  int done = 0;
+  for (int i = 0; i < kSpins; ++i) {
+    check(MPI_Test(req, &done, st), what);
+    if (done) return;
+  }
+  thread_local bool slack_set = false;
+  if (!slack_set) {
+    prctl(PR_SET_TIMERSLACK, 1000UL);  // ns; the default 50 us would stretch every short sleep
+    slack_set = true;
+  }
+  for (long ns = 2'000;; ns = std::min(2 * ns, kMaxSleepNs)) {
+    timespec ts{0, ns};
+    nanosleep(&ts, nullptr);
+    check(MPI_Test(req, &done, st), what);
+    if (done) return;
+  }
 }
 
 class MpiCommunicator : public Communicator {
@@ -43,11 +75,15 @@ class MpiCommunicator : public Communicator {
   }
 
   void send(const void* data, size_t bytes, int peer, int tag) override {
-    check(MPI_Send(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, p2p_), "Send");
+    MPI_Request req;
+    check(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, p2p_, &req), "Isend");
+    wait(&req, MPI_STATUS_IGNORE, "Send");
   }
   void recv(void* data, size_t bytes, int peer, int tag) override {
     MPI_Status st;
-    check(MPI_Recv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, p2p_, &st), "Recv");
+    MPI_Request req;
+    check(MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, p2p_, &req), "Irecv");
+    wait(&req, &st, "Recv");
     int got = 0;
     MPI_Get_count(&st, MPI_BYTE, &got);
     if (static_cast<size_t>(got) != bytes)
@@ -70,17 +106,23 @@ class MpiCommunicator : public Communicator {
   }
 
   void all_reduce_sum(float* data, size_t n, const std::vector<int>& group, int channel) override {
-    check(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm(group, channel)), "Allreduce");
+    MPI_Request req;
+    check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm(group, channel), &req), "Iallreduce");
+    wait(&req, MPI_STATUS_IGNORE, "Allreduce");
   }
   void all_reduce_sum(double* data, size_t n, const std::vector<int>& group, int channel) override {
-    check(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, comm(group, channel)), "Allreduce");
+    MPI_Request req;
+    check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, comm(group, channel), &req), "Iallreduce");
+    wait(&req, MPI_STATUS_IGNORE, "Allreduce");
   }
 
   void reduce_scatter_sum(const float* in, float* out, const std::vector<size_t>& offsets, const std::vector<int>& group,
                           int channel) override {
     std::vector<int> counts;
     for (size_t j = 0; j + 1 < offsets.size(); ++j) counts.push_back(static_cast<int>(offsets[j + 1] - offsets[j]));
-    check(MPI_Reduce_scatter(in, out, counts.data(), MPI_FLOAT, MPI_SUM, comm(group, channel)), "Reduce_scatter");
+    MPI_Request req;
+    check(MPI_Ireduce_scatter(in, out, counts.data(), MPI_FLOAT, MPI_SUM, comm(group, channel), &req), "Ireduce_scatter");
+    wait(&req, MPI_STATUS_IGNORE, "Reduce_scatter");
   }
   void all_gather(const float* in, float* out, const std::vector<size_t>& offsets, const std::vector<int>& group,
                   int channel) override {
@@ -93,12 +135,16 @@ class MpiCommunicator : public Communicator {
     MPI_Comm c = comm(group, channel);
     MPI_Comm_rank(c, &me);
     if (!in) {  // this member's part already sits in place in `out`
-      check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, counts.data(), displs.data(), MPI_FLOAT, c),
-            "Allgatherv");
+      MPI_Request req;
+      check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, counts.data(), displs.data(), MPI_FLOAT, c, &req),
+            "Iallgatherv");
+      wait(&req, MPI_STATUS_IGNORE, "Allgatherv");
       return;
     }
-    check(MPI_Allgatherv(in, counts[static_cast<size_t>(me)], MPI_FLOAT, out, counts.data(), displs.data(), MPI_FLOAT, c),
-          "Allgatherv");
+    MPI_Request req;
+    check(MPI_Iallgatherv(in, counts[static_cast<size_t>(me)], MPI_FLOAT, out, counts.data(), displs.data(), MPI_FLOAT, c, &req),
+          "Iallgatherv");
+    wait(&req, MPI_STATUS_IGNORE, "Allgatherv");
   }
 
   [[noreturn]] void abort(const std::string& why) override {

@@ -1,5 +1,6 @@
-// The MPI backend of Communicator: one duplicated communicator for point-to-point, one per
-// (group, channel) for collectives, MPI_THREAD_MULTIPLE so streams can communicate concurrently.
+// The MPI backend of Communicator: nonblocking calls waited on without spinning, one duplicated
+// communicator for point-to-point, one per (group, channel) for collectives, MPI_THREAD_MULTIPLE so
+// streams can communicate concurrently.
 #pragma once
 #include <memory>
 

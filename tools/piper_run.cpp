@@ -17,6 +17,7 @@
 #include "lang/units.h"
 #include "runtime/executor.h"
 #include "runtime/mpi_communicator.h"
+#include "runtime/process_env.h"
 #include "scheduler/plan.h"
 
 using namespace piper;
@@ -93,10 +94,15 @@ StepMemory gather_memory(Communicator& comm, const MemoryStats& mine) {
 }
 }  // namespace
 
+// This rank's number from the launcher, before MPI starts (rank 0 prints usage errors).
+bool launcher_lead() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* v = std::getenv(name)) return std::atoi(v) == 0;
+  return true;
+}
+
 int main(int argc, char** argv) {
-  install_memory_counter();  // before anything allocates tensors: every rank measures its own
-  auto comm = make_mpi_communicator(&argc, &argv);
-  const bool lead = comm->rank() == 0;
+  bool lead = launcher_lead();
   CLI::App app{"piper-run: train MODEL with STRATEGY; under mpirun, one executor per rank"};
   app.set_version_flag("--version", std::string("piper-run ") + PIPER_VERSION);
   std::string model, strategy, data_path = share_dir() + "/data/corpus.txt", metrics_path, trace_path;
@@ -127,6 +133,16 @@ int main(int argc, char** argv) {
     int rc = lead ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
     return rc == 0 ? 0 : 2;
   }
+  // Before MPI, threads or tensors exist (the order matters): the pools are configured by
+  // re-executing, the heap and the memory counter before the first allocation.
+  const int t = threads > 0 ? static_cast<int>(threads) : default_threads();
+  std::string why;
+  exec_with_thread_env(t, argv, &why);
+  if (!why.empty() && lead) fmt::print(stderr, "piper-run: warning: {}\n", why);
+  keep_freed_memory();
+  install_memory_counter();  // every rank measures its own tensors
+  auto comm = make_mpi_communicator(&argc, &argv);
+  lead = comm->rank() == 0;
   auto fail = [&](const std::string& msg) {
     if (lead) fmt::print(stderr, "{}{}", msg, msg.ends_with('\n') ? "" : "\n");
     return 1;
@@ -167,10 +183,7 @@ int main(int argc, char** argv) {
     return fail(fmt::format("piper-run: error: --memory-limit: '{}' is not a size like 512MiB", memory_limit));
   try {
     TokenData data(data_path);
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    int64_t local_ranks = local ? std::max(1, std::atoi(local)) : 1;
-    int64_t t = threads > 0 ? threads : std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) / local_ranks);
-    set_intra_op_threads(static_cast<int>(t));
+    set_intra_op_threads(t);
     Executor ex(*plan, model, data, *comm, ExecutorOptions{batch, lr, optimizer, seed, seq_len});
     int64_t seq = seq_len > 0 ? seq_len : plan->manifest.regions[static_cast<size_t>(plan->manifest.sequence.front())].input->shape[0];
     if (lead)
