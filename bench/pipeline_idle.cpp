@@ -1,6 +1,6 @@
 // Measures the idle fraction of the compute streams of a pipeline run in one process: every rank a
 // thread with the in-process communicator (no MPI progress threads competing for the cores), so
-// the result isolates the executor from the transport. Compare with bench/runtime_bench.sh (MPI).
+// the result isolates the executor from the transport. Compare with bench/speed_bench.sh (MPI).
 // Usage: piper-bench-pipeline-idle MODEL STRATEGY PP MB [STEPS]
 #include <fmt/format.h>
 

@@ -140,14 +140,17 @@ class Loader {
       if (!j.contains(field)) continue;
       const json& mem = j[field];
       RegionMemory rm;
+      Measured split;
       for (auto [key, out] : {std::pair{"saved", &rm.saved}, std::pair{"forward_peak", &rm.forward_peak},
-                              std::pair{"backward_peak", &rm.backward_peak}}) {
+                              std::pair{"backward_peak", &rm.backward_peak}, std::pair{"split_held", &split}}) {
         const std::string at = fmt::format("{}.{}.{}", where, field, key);
         const json* v = mem.is_object() && mem.contains(key) ? &mem[key] : nullptr;
+        if (!v && std::string_view(key) == "split_held") continue;  // optional
         if (!v || !v->is_array() || v->size() != 3 ||
             std::any_of(v->begin(), v->end(), [](const json& x) { return !x.is_number_integer() || x.get<int64_t>() < 0; }))
           return fail(at, "expected [bytes at 1, 2 and 4 samples] (non-negative integers)"), false;
         *out = Measured{(*v)[0].get<int64_t>(), (*v)[1].get<int64_t>(), (*v)[2].get<int64_t>()};
+        if (out == &split) rm.split_held = split;
       }
       *slot = rm;
     }

@@ -33,7 +33,9 @@ struct ParamSpec {
 // region holds from the end of its forward to its backward (its output included, its input not);
 // `forward_peak` the most above the level before its forward; `backward_peak` the most above the
 // level before its backward (its saved tensors and the output gradient already counted), its input
-// gradient included.
+// gradient included. `split_held` (regions with a differentiable input) is what its graph still
+// holds between the input and the weight halves of a split backward (BI, BW): the saved tensors the
+// weight gradients need and the output gradients of the ops that own weights; without it, `saved`.
 struct Measured {
   int64_t at1 = 0, at2 = 0, at4 = 0;
   int64_t at(int64_t samples) const {
@@ -44,6 +46,7 @@ struct Measured {
 };
 struct RegionMemory {
   Measured saved, forward_peak, backward_peak;
+  std::optional<Measured> split_held;
 };
 
 struct Region {

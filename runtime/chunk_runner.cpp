@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "runtime/backward_split.h"
 #include "runtime/memory_counter.h"
 
 namespace piper::runtime {
@@ -54,11 +55,16 @@ void run_forward(const PieceModules& m, PieceIO& io, bool record, const LossFn& 
 void run_backward(const PieceModules& m, PieceIO& io, ir::Op op, std::vector<torch::Tensor> grad_outputs,
                   const LossFn& loss) {
   MemScope scope(MemCategory::Activations);
+  if (op == ir::Op::BW && io.split) {  // the weight half of what BI started
+    backward_weights(io.weight);
+    io = PieceIO();
+    return;
+  }
   if (io.recompute) {  // activation checkpointing: the forward again, now recording the graph
     io.outputs = compute(m, io.inputs, loss);
     io.recompute = false;
   }
-  if (op == ir::Op::BW) grad_outputs = io.grad_outputs;  // the ones its input-gradient half received
+  if (op == ir::Op::BW) grad_outputs = io.grad_outputs;  // the ones BI received (it had no inputs to differentiate)
   else io.grad_outputs = grad_outputs;
   auto [outs, grads] = roots(io, loss, grad_outputs);
   std::vector<torch::Tensor> leaves;
@@ -66,11 +72,17 @@ void run_backward(const PieceModules& m, PieceIO& io, ir::Op op, std::vector<tor
     if (x.requires_grad()) leaves.push_back(x);
   io.grad_inputs.assign(io.inputs.size(), torch::Tensor());
   if (op == ir::Op::BI) {
+    // Without inputs to differentiate (the first stage) BI has nothing to do; BW runs the whole
+    // backward from the gradients kept.
     if (!leaves.empty() && !outs.empty()) {
-      auto g = torch::autograd::grad(outs, leaves, grads, /*retain_graph=*/true, /*create_graph=*/false,
-                                     /*allow_unused=*/true);
+      auto g = backward_inputs(outs, grads, leaves, &io.weight);
       for (size_t i = 0, k = 0; i < io.inputs.size(); ++i)
         if (io.inputs[i].requires_grad()) io.grad_inputs[i] = g[k++];
+      io.split = true;
+      // The graph now holds only what BW needs; the rest goes with these.
+      io.outputs.clear();
+      io.grad_outputs.clear();
+      io.inputs.clear();
     }
     return;
   }

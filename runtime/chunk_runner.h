@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "runtime/backward_split.h"
 
 namespace piper::runtime {
 
@@ -27,7 +28,9 @@ struct PieceModules {
 struct PieceIO {
   std::vector<torch::Tensor> inputs;        // leaves requiring grad where a gradient flows back (tokens do not)
   std::vector<torch::Tensor> outputs;       // the forward's results; {loss} for the model's last piece
-  std::vector<torch::Tensor> grad_outputs;  // the backward's incoming gradients (kept for BW after BI)
+  std::vector<torch::Tensor> grad_outputs;  // the backward's incoming gradients (kept for BW when BI had no inputs)
+  WeightHalf weight;   // between BI and BW: where the weight half starts
+  bool split = false;  // BI ran the input half; BW runs from `weight`
   std::vector<torch::Tensor> grad_inputs;   // the backward's results, one per input
   torch::Tensor grad_residual;              // moe_end: the gradient of its attention output (from the combine)
   bool recompute = false;                   // the forward ran without a graph; it reruns before the backward
@@ -39,9 +42,9 @@ using LossFn = std::function<torch::Tensor(const torch::Tensor& logits)>;
 // Without `record`, no autograd graph is kept (activation checkpointing: io.recompute is set).
 void run_forward(const PieceModules& m, PieceIO& io, bool record, const LossFn& loss);
 
-// B: input and weight gradients; BI: input gradients only (the graph is kept for BW); BW: weight
-// gradients. `grad_outputs` has one entry per output (ignored for a loss). Activations are released
-// after B and BW.
+// B: input and weight gradients; BI: input gradients only, keeping for BW only what weight
+// gradients need; BW: weight gradients only (nothing of BI is computed twice). `grad_outputs` has one
+// entry per output (ignored for a loss). Activations are released after B and BW.
 void run_backward(const PieceModules& m, PieceIO& io, ir::Op op, std::vector<torch::Tensor> grad_outputs,
                   const LossFn& loss);
 

@@ -143,8 +143,13 @@ struct Executor::Impl {
     for (const auto& [group, channel] : view.groups) comm.prepare_group(group, channel);
     data_preds.assign(g.nodes.size(), {});
     consumers.assign(g.nodes.size(), 0);
+    // BW reads neither its forward's outputs nor its BI's input gradients (it starts from what BI
+    // left in the graph), so those edges keep nothing alive; the memory model counts the same way.
+    auto unread_by_bw = [&](const ir::Edge& e) {
+      return node(e.dst).op == Op::BW && (node(e.src).op == Op::F || node(e.src).op == Op::BI);
+    };
     for (const auto& e : g.edges)
-      if (e.kind == ir::EdgeKind::Data && view.mine(plan, e.src) && view.mine(plan, e.dst)) {
+      if (e.kind == ir::EdgeKind::Data && view.mine(plan, e.src) && view.mine(plan, e.dst) && !unread_by_bw(e)) {
         data_preds[static_cast<size_t>(e.dst)].push_back(e.src);
         ++consumers[static_cast<size_t>(e.src)];
       }
@@ -219,7 +224,11 @@ struct Executor::Impl {
     }
     const LossFn loss = loss_for(n);
     run_forward(pm, io, !(n.flags & ir::kRecompute), loss);
-    values[static_cast<size_t>(v)] = io.outputs;
+    // Consumers get the outputs' data, not their graph: the graph is the piece's own, freed by its
+    // backward (half by BI), not whenever the last consumer of the values happens to run.
+    auto& out = values[static_cast<size_t>(v)];
+    out.clear();
+    for (const auto& t : io.outputs) out.push_back(t.detach());
     if (loss) losses[static_cast<size_t>(v)] = io.outputs.at(0).item<double>();
     if (n.flags & ir::kFreeParams) params_of(n).release_units(g.segment_of(n).dense);
   }

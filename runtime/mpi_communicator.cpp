@@ -5,12 +5,14 @@
 #include <sys/prctl.h>
 
 #include <algorithm>
-#include <ctime>
-
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <map>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
+#include <vector>
 
 namespace piper::runtime {
 
@@ -23,33 +25,91 @@ void check(int rc, const char* what) {
   throw std::runtime_error(fmt::format("MPI {} failed: {}", what, std::string(msg, static_cast<size_t>(len))));
 }
 
-// Waits for a request without busy-polling. Open MPI's blocking calls spin in its progress loop,
-// taking the core that a rank's compute (or a peer rank sharing the node) needs; so every call here
-// is nonblocking and this waits: a few tests back to back (a message already on its way), then
-// sleeps that double from 2 us up to kMaxSleep between tests. Each test also drives MPI's progress
-// (rendezvous handshakes, the rounds of a nonblocking collective), so the cap bounds the latency
-// each round can add; the timer slack is lowered so that the short sleeps are short.
-constexpr int kSpins = 64;
-constexpr long kMaxSleepNs = 200'000;
+// Waits on MPI requests without busy-polling. Open MPI's blocking calls spin in its progress loop,
+// taking the core a rank's compute (or a peer rank sharing the node) needs, so every call here is
+// nonblocking and one progress thread per rank tests what is outstanding; the stream threads that
+// wait sleep on a condition variable. Between rounds of tests the thread sleeps, 2 us at first and
+// doubling up to kMaxSleep while nothing completes; a new request or a completion starts it over.
+// Each test also drives MPI's progress (rendezvous handshakes, a nonblocking collective's rounds),
+// so the cap bounds the latency a round can add. One poller, not one per waiting stream: measured
+// on 1F1B pp=2 (2 cores), each stream polling on its own with a 20 us cap ran at 1.8k tokens/s,
+// with 200 us at 6-7k, with 1 ms at 8.4k.
+class Progress {
+ public:
+  Progress() : thread_([this] { loop(); }) {}
+  ~Progress() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    work_.notify_one();
+    thread_.join();
+  }
+  // Waits until `req` completes (its status into *st unless null); an MPI error throws, naming `what`.
+  void wait(MPI_Request req, MPI_Status* st, const char* what) {
+    int done = 0;
+    MPI_Status status;
+    check(MPI_Test(&req, &done, &status), what);  // a small message may be done already
+    if (!done) {
+      Pending p{req};
+      std::unique_lock lk(mu_);
+      pending_.push_back(&p);
+      ++posted_;
+      work_.notify_one();
+      done_.wait(lk, [&] { return p.finished; });
+      check(p.rc, what);
+      status = p.status;
+    }
+    if (st) *st = status;
+  }
 
-void wait(MPI_Request* req, MPI_Status* st, const char* what) {
-  int done = 0;
-  for (int i = 0; i < kSpins; ++i) {
-    check(MPI_Test(req, &done, st), what);
-    if (done) return;
+ private:
+  struct Pending {
+    MPI_Request req;
+    MPI_Status status{};
+    int rc = MPI_SUCCESS;
+    bool finished = false;
+  };
+  static constexpr long kMinSleepNs = 2'000, kMaxSleepNs = 1'000'000;
+
+  void loop() {
+    prctl(PR_SET_TIMERSLACK, 1000UL);  // ns; the default 50 us would stretch the short sleeps
+    long sleep = kMinSleepNs;
+    std::unique_lock lk(mu_);
+    for (;;) {
+      work_.wait(lk, [&] { return stop_ || !pending_.empty(); });
+      if (stop_) return;
+      std::vector<Pending*> now = pending_;  // others only append while the lock is free
+      lk.unlock();
+      std::vector<Pending*> completed;
+      for (Pending* p : now) {
+        int flag = 0;
+        p->rc = MPI_Test(&p->req, &flag, &p->status);
+        if (flag || p->rc != MPI_SUCCESS) completed.push_back(p);
+      }
+      lk.lock();
+      if (!completed.empty()) {
+        for (Pending* p : completed) {
+          p->finished = true;
+          pending_.erase(std::find(pending_.begin(), pending_.end(), p));
+        }
+        done_.notify_all();
+        sleep = kMinSleepNs;
+      }
+      if (pending_.empty()) continue;
+      const uint64_t seen = posted_;
+      if (work_.wait_for(lk, std::chrono::nanoseconds(sleep), [&] { return stop_ || posted_ != seen; })) sleep = kMinSleepNs;
+      else sleep = std::min(2 * sleep, kMaxSleepNs);
+    }
   }
-  thread_local bool slack_set = false;
-  if (!slack_set) {
-    prctl(PR_SET_TIMERSLACK, 1000UL);  // ns; the default 50 us would stretch every short sleep
-    slack_set = true;
-  }
-  for (long ns = 2'000;; ns = std::min(2 * ns, kMaxSleepNs)) {
-    timespec ts{0, ns};
-    nanosleep(&ts, nullptr);
-    check(MPI_Test(req, &done, st), what);
-    if (done) return;
-  }
-}
+
+  std::mutex mu_;
+  std::condition_variable work_, done_;
+  std::vector<Pending*> pending_;
+  uint64_t posted_ = 0;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the rest exists
+};
 
 class MpiCommunicator : public Communicator {
  public:
@@ -77,13 +137,13 @@ class MpiCommunicator : public Communicator {
   void send(const void* data, size_t bytes, int peer, int tag) override {
     MPI_Request req;
     check(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, p2p_, &req), "Isend");
-    wait(&req, MPI_STATUS_IGNORE, "Send");
+    progress_.wait(req, nullptr, "Send");
   }
   void recv(void* data, size_t bytes, int peer, int tag) override {
     MPI_Status st;
     MPI_Request req;
     check(MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, p2p_, &req), "Irecv");
-    wait(&req, &st, "Recv");
+    progress_.wait(req, &st, "Recv");
     int got = 0;
     MPI_Get_count(&st, MPI_BYTE, &got);
     if (static_cast<size_t>(got) != bytes)
@@ -108,12 +168,12 @@ class MpiCommunicator : public Communicator {
   void all_reduce_sum(float* data, size_t n, const std::vector<int>& group, int channel) override {
     MPI_Request req;
     check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm(group, channel), &req), "Iallreduce");
-    wait(&req, MPI_STATUS_IGNORE, "Allreduce");
+    progress_.wait(req, nullptr, "Allreduce");
   }
   void all_reduce_sum(double* data, size_t n, const std::vector<int>& group, int channel) override {
     MPI_Request req;
     check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, comm(group, channel), &req), "Iallreduce");
-    wait(&req, MPI_STATUS_IGNORE, "Allreduce");
+    progress_.wait(req, nullptr, "Allreduce");
   }
 
   void reduce_scatter_sum(const float* in, float* out, const std::vector<size_t>& offsets, const std::vector<int>& group,
@@ -122,7 +182,7 @@ class MpiCommunicator : public Communicator {
     for (size_t j = 0; j + 1 < offsets.size(); ++j) counts.push_back(static_cast<int>(offsets[j + 1] - offsets[j]));
     MPI_Request req;
     check(MPI_Ireduce_scatter(in, out, counts.data(), MPI_FLOAT, MPI_SUM, comm(group, channel), &req), "Ireduce_scatter");
-    wait(&req, MPI_STATUS_IGNORE, "Reduce_scatter");
+    progress_.wait(req, nullptr, "Reduce_scatter");
   }
   void all_gather(const float* in, float* out, const std::vector<size_t>& offsets, const std::vector<int>& group,
                   int channel) override {
@@ -138,13 +198,13 @@ class MpiCommunicator : public Communicator {
       MPI_Request req;
       check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, counts.data(), displs.data(), MPI_FLOAT, c, &req),
             "Iallgatherv");
-      wait(&req, MPI_STATUS_IGNORE, "Allgatherv");
+      progress_.wait(req, nullptr, "Allgatherv");
       return;
     }
     MPI_Request req;
     check(MPI_Iallgatherv(in, counts[static_cast<size_t>(me)], MPI_FLOAT, out, counts.data(), displs.data(), MPI_FLOAT, c, &req),
           "Iallgatherv");
-    wait(&req, MPI_STATUS_IGNORE, "Allgatherv");
+    progress_.wait(req, nullptr, "Allgatherv");
   }
 
   [[noreturn]] void abort(const std::string& why) override {
@@ -163,6 +223,7 @@ class MpiCommunicator : public Communicator {
   }
   int rank_ = 0, size_ = 1;
   MPI_Comm p2p_;
+  Progress progress_;
   std::map<std::pair<std::vector<int>, int>, MPI_Comm> groups_;  // written before threads start
 };
 

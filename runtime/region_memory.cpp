@@ -7,6 +7,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "runtime/backward_split.h"
 #include "runtime/memory_counter.h"
 #include "runtime/region_model.h"
 #include "runtime/region_model_impl.h"
@@ -19,6 +20,7 @@ constexpr int kMeasureRank = 255;  // a memory-counter slot of its own, apart fr
 
 struct Sample {
   int64_t saved = 0, forward_peak = 0, backward_peak = 0;
+  int64_t split_held = -1;  // -1: the input is not differentiable (tokens), no split
 };
 
 std::vector<torch::Tensor> tensors_of(const c10::IValue& v) {
@@ -60,6 +62,28 @@ Sample measure_once(torch::jit::Module& m, const json& input, bool loss, int64_t
   const int64_t level = memory_stats(kMeasureRank).live;
   if (!roots.empty()) torch::autograd::backward(roots, grads);
   s.backward_peak = memory_stats(kMeasureRank).peak - level;
+  outs.clear();
+  roots.clear();
+  if (tokens) return s;
+  // The split backward, as the executor runs BI and BW: what the graph holds in between, without
+  // the gradients flowing in and out (the memory model counts those as the pieces' values).
+  x.mutable_grad() = torch::Tensor();
+  const int64_t start = memory_stats(kMeasureRank).live;
+  outs = tensors_of(m.forward({x}));
+  if (loss) {
+    const torch::Tensor logits = outs.at(0).to(torch::kFloat);
+    outs = {at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}))};
+  }
+  for (auto& o : outs)
+    if (o.requires_grad()) roots.push_back(o);
+  WeightHalf rest;
+  std::vector<torch::Tensor> dx = backward_inputs(roots, grads, {x}, &rest);
+  outs.clear();
+  roots.clear();
+  dx.clear();
+  grads.clear();
+  s.split_held = memory_stats(kMeasureRank).live - start;
+  backward_weights(rest);
   return s;
 }
 }  // namespace
@@ -106,13 +130,14 @@ std::map<std::string, json> measure(RegionModel& model, json& j, torch::ScalarTy
       p.set_requires_grad(true);
       p.mutable_grad() = torch::zeros_like(p);
     }
-    json saved = json::array(), fwd = json::array(), bwd = json::array();
+    json saved = json::array(), fwd = json::array(), bwd = json::array(), held = json::array();
     try {
       for (int64_t b : {1, 2, 4}) {
         Sample s = measure_once(m, r["input"], name == last, b, vocab, dtype);
         saved.push_back(s.saved);
         fwd.push_back(s.forward_peak);
         bwd.push_back(s.backward_peak);
+        if (s.split_held >= 0) held.push_back(s.split_held);
       }
     } catch (const std::exception& e) {
       set_memory_rank(saved_rank);
@@ -121,6 +146,7 @@ std::map<std::string, json> measure(RegionModel& model, json& j, torch::ScalarTy
     }
     for (auto p : m.parameters()) p.mutable_grad() = torch::Tensor();
     facts[sig] = json{{"saved", saved}, {"forward_peak", fwd}, {"backward_peak", bwd}};
+    if (held.size() == 3) facts[sig]["split_held"] = held;
   }
   set_memory_rank(saved_rank);
   torch::set_num_threads(threads);

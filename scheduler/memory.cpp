@@ -52,12 +52,14 @@ int64_t spec_bytes(const std::optional<TensorSpec>& t, int64_t samples, bool bf1
 // backward's peak above its starting level (all saved tensors and the incoming gradient counted).
 struct PieceMemory {
   int64_t saved = 0, forward_peak = 0, backward_peak = 0;
+  int64_t split_held = 0;  // held between BI and BW (a split backward)
   int64_t output = 0;  // the last region's output (what recomputation keeps)
   int64_t input = 0;   // the first region's input (the size of the input gradient, when it has one)
 };
 
 struct RegionBytes {
   int64_t saved, forward_peak, backward_peak, output;
+  int64_t split_held;
 };
 
 // A region measured (manifest `memory`), or estimated when it was not: its and its sub-regions'
@@ -67,13 +69,16 @@ RegionBytes region_bytes(const Manifest& m, RegionId r, int64_t samples, bool bf
   const int64_t out = spec_bytes(reg.output, samples, bf16);
   const auto& mem = bf16 && reg.memory_bf16 ? reg.memory_bf16 : reg.memory;
   if (mem) {
-    RegionBytes b{mem->saved.at(samples), mem->forward_peak.at(samples), mem->backward_peak.at(samples), out};
-    if (bf16 && !reg.memory_bf16) b = {b.saved / 2, b.forward_peak / 2, b.backward_peak / 2, out};  // fp32 facts only
+    const int64_t saved = mem->saved.at(samples);
+    RegionBytes b{saved, mem->forward_peak.at(samples), mem->backward_peak.at(samples), out,
+                  mem->split_held ? mem->split_held->at(samples) : saved};
+    if (bf16 && !reg.memory_bf16)  // fp32 facts only
+      b = {b.saved / 2, b.forward_peak / 2, b.backward_peak / 2, out, b.split_held / 2};
     return b;
   }
   int64_t held = out;
   for (RegionId c : reg.children) held += region_bytes(m, c, samples, bf16).saved;
-  return {held, held, out, out};
+  return {held, held, out, out, held};
 }
 
 PieceMemory compose(const std::vector<RegionBytes>& rs, int64_t input) {
@@ -82,6 +87,7 @@ PieceMemory compose(const std::vector<RegionBytes>& rs, int64_t input) {
   for (const RegionBytes& r : rs) {
     p.forward_peak = std::max(p.forward_peak, p.saved + r.forward_peak);
     p.saved += r.saved;
+    p.split_held += r.split_held;
   }
   // Backward, last region first: the later regions' saved tensors are gone by then, the gradient of
   // this region's output (the next one's input gradient) is live.
@@ -151,25 +157,38 @@ class ClassModel {
       if (s_.node_class[v] == cls_) nodes_.push_back(static_cast<NodeId>(v));
 
     consumers_.assign(g_.nodes.size(), {});
+    // BW reads neither its forward's outputs nor its BI's input gradients: it starts from what BI
+    // left in the graph.
+    auto unread_by_bw = [&](const ir::Edge& e) {
+      return n(e.dst).op == Op::BW && (n(e.src).op == Op::F || n(e.src).op == Op::BI);
+    };
     for (const auto& e : g_.edges)
       if (e.kind == ir::EdgeKind::Data && s_.node_class[static_cast<size_t>(e.src)] == cls_ &&
-          s_.node_class[static_cast<size_t>(e.dst)] == cls_)
+          s_.node_class[static_cast<size_t>(e.dst)] == cls_ && !unread_by_bw(e))
         consumers_[static_cast<size_t>(e.src)].push_back(e.dst);
     for (NodeId v : nodes_) {
       const Node& x = n(v);
       if (x.op == Op::B || x.op == Op::BW) last_backward_[key(x)] = v;
       if (x.op == Op::BI && !last_backward_.count(key(x))) last_backward_[key(x)] = v;
+      if (x.op == Op::BI) bi_[key(x)] = v;
       if (x.op == Op::ReduceScatter && x.microbatch >= 0) rs_[{x.stage, x.microbatch, x.bucket}] = v;
     }
   }
   static std::tuple<int32_t, int32_t, int16_t> key(const Node& x) { return {x.stage, x.microbatch, x.segment}; }
 
+  // A piece whose backward really splits: BI differentiates its input (the first piece has none:
+  // its BI does nothing and BW runs the whole backward).
+  bool split(const Node& x) { return bi_.count(key(x)) && piece(x).input > 0; }
+
   // When what `consumer` received from a predecessor is let go: a piece keeps its inputs and incoming
-  // gradients until its last backward op; other ops are done with them when they finish.
-  double held_until(NodeId consumer) const {
+  // gradients until its last backward op (its BI where that splits); other ops are done with them
+  // when they finish.
+  double held_until(NodeId consumer) {
     const Node& x = n(consumer);
-    if (ir::is_chunk(x.op) && x.op != Op::U)
+    if (ir::is_chunk(x.op) && x.op != Op::U) {
+      if (split(x)) return finish(bi_.at(key(x)));
       if (auto it = last_backward_.find(key(x)); it != last_backward_.end()) return finish(it->second);
+    }
     return finish(consumer);
   }
   // A value `v` produced, of `bytes`, live from `from` until its last consumer lets it go.
@@ -221,6 +240,7 @@ class ClassModel {
       RegionBytes one = region_bytes(m_, member, ways * S_, bf16(x));
       const int64_t out = spec_bytes(m_.regions[static_cast<size_t>(member)].output, ways * S_);
       p.saved = owned * one.saved + out;
+      p.split_held = owned * one.split_held + out;
       p.forward_peak = p.saved + (one.forward_peak - one.saved);
       p.backward_peak = one.backward_peak;
       p.output = out;
@@ -254,6 +274,7 @@ class ClassModel {
         const int64_t keep = recompute ? p.output : p.saved;
         add(a, p.forward_peak, MemCategory::Activations);
         add(b, keep - p.forward_peak, MemCategory::Activations);
+        if (split(x)) break;  // its BI and BW let go of it
         auto it = last_backward_.find(key(x));
         add(it != last_backward_.end() ? finish(it->second) : b, -keep, MemCategory::Activations);
         break;
@@ -268,7 +289,14 @@ class ClassModel {
         const int64_t transient = recompute ? std::max(p.forward_peak - p.saved, p.backward_peak) : p.backward_peak;
         add(a, again + transient, MemCategory::Activations);
         add(b, -transient, MemCategory::Activations);
-        if (x.op != Op::BI) add(b, -again, MemCategory::Activations);
+        if (split(x)) {
+          // BI keeps of the graph only what the weight gradients need; BW frees that.
+          const int64_t keep = has_recompute(x) ? p.output : p.saved;
+          if (x.op == Op::BI) add(b, p.split_held - keep - again, MemCategory::Activations);
+          else add(b, -p.split_held, MemCategory::Activations);
+        } else if (x.op != Op::BI) {
+          add(b, -again, MemCategory::Activations);
+        }
         if (x.op != Op::BW && p.input > 0) value(v, b, p.input);
         if (x.op != Op::BI) grad_buckets(v);
         // bf16 (ZeRO 0-1): the piece's bf16 gradients are added into the fp32 ones a chunk at a
@@ -419,7 +447,7 @@ class ClassModel {
   std::vector<NodeId> nodes_;
   int64_t instants_ = 0;
   std::vector<std::vector<NodeId>> consumers_;
-  std::map<std::tuple<int32_t, int32_t, int16_t>, NodeId> last_backward_;
+  std::map<std::tuple<int32_t, int32_t, int16_t>, NodeId> last_backward_, bi_;
   std::map<std::tuple<int32_t, int32_t, int32_t>, NodeId> rs_;
   std::set<std::tuple<int32_t, int32_t, int32_t>> bucket_open_;
   std::set<std::pair<int32_t, int32_t>> first_reduction_;

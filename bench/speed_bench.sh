@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Pipeline speed, as ratios measured in one invocation (no MCA flags or thread variables: piper-run
+# configures its process itself). Model: piper-model gpt 8 layers, d 128, ffn 512, seq 128; global
+# batch 16; two ranks on this node.
+#  1. tokens/s of every library pipeline at pp=2 mb=8 against one rank running the same 8
+#     microbatches (single.piper mb=8), and ZB1P and DualPipeV against 1F1B. Rounds alternate the
+#     strategies so that drift of the machine hits all alike; each figure is the median over rounds of
+#     each run's median step after warm-up.
+#  2. the zero-bubble split, from the traces: per stage, BI + BW against 1F1B's B (median op times).
+#  3. the compute streams' idle fraction under 1F1B against the formula (p-1)/(m+p-1);
+#  4. what the machine allows: two independent one-rank jobs (1 thread each) at once against one
+#     alone. Two ranks can go no faster than this, times 1 - bubble.
+# Usage: bench/speed_bench.sh [BUILD_DIR] [ROUNDS]
+source "$(dirname "$0")/speed_setup.sh"
+common=(--data "$root/data/corpus.txt" --steps 12 --batch-size 16)
+run() {  # name np strategy sets...
+  local name=$1 np=$2 strategy=$3 r=$4
+  shift 4
+  local sets=()
+  for s in "$@"; do sets+=(--set "$s"); done
+  if [ "$np" = 1 ]; then
+    "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/$strategy" "${sets[@]}" "${common[@]}" \
+      --metrics "$tmp/$name.$r.jsonl" --trace "$tmp/$name.trace.json" >/dev/null
+  else
+    mpirun -np "$np" "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/$strategy" "${sets[@]}" "${common[@]}" \
+      --metrics "$tmp/$name.$r.jsonl" --trace "$tmp/$name.trace.json" >/dev/null
+  fi
+}
+for r in $(seq 1 "$rounds"); do
+  run single 1 single.piper "$r" mb=8
+  run 1f1b 2 1f1b.piper "$r" pp=2 mb=8
+  run gpipe 2 gpipe.piper "$r" pp=2 mb=8
+  run interleaved 2 interleaved_1f1b.piper "$r" pp=2 v=2 mb=8
+  run zb1p 2 zb1p.piper "$r" pp=2 mb=8
+  run dualpipev 2 dualpipev.piper "$r" pp=2 mb=8
+  one=(--set mb=8 "${common[@]}" --threads 1)
+  "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/single.piper" "${one[@]}" --metrics "$tmp/alone.$r.jsonl" >/dev/null
+  "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/single.piper" "${one[@]}" --metrics "$tmp/pair_a.$r.jsonl" >/dev/null &
+  "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/single.piper" "${one[@]}" --metrics "$tmp/pair_b.$r.jsonl" >/dev/null
+  wait
+done
+/usr/bin/python3 "$root/bench/speed_report.py" "$tmp" "$rounds"

@@ -1,0 +1,72 @@
+"""Reads speed_bench.sh's metrics and traces and prints its three tables (see speed_bench.sh)."""
+import collections
+import json
+import re
+import statistics
+import sys
+
+tmp, rounds = sys.argv[1], int(sys.argv[2])
+WARMUP = 3
+
+
+def tokens_per_s(name):
+    per_round = []
+    for r in range(1, rounds + 1):
+        rows = [json.loads(l) for l in open(f"{tmp}/{name}.{r}.jsonl")]
+        steps = [x["tokens_per_s"] for x in rows if "tokens_per_s" in x][WARMUP:]
+        per_round.append(statistics.median(steps))
+    return statistics.median(per_round), per_round
+
+
+def spans(name):
+    ev = json.load(open(f"{tmp}/{name}.trace.json"))["traceEvents"]
+    return [e for e in ev if e.get("ph") == "X" and e["args"]["step"] > WARMUP]
+
+
+def op_times(name):
+    d = collections.defaultdict(list)
+    for e in spans(name):
+        m = re.match(r"(\d+)(BI|BW|B|F)\d", e["name"])
+        if m:
+            d[(int(m.group(1)), m.group(2))].append(e["dur"] / 1e3)
+    return {k: statistics.median(v) for k, v in d.items()}
+
+
+print("1. tokens/s (median over rounds; the rounds in brackets)")
+base, _ = tokens_per_s("single")
+rows = {}
+for name, label in [("single", "one rank, 8 microbatches"), ("1f1b", "1F1B pp=2 mb=8"), ("gpipe", "GPipe pp=2 mb=8"),
+                    ("interleaved", "interleaved v=2 pp=2 mb=8"), ("zb1p", "ZB1P pp=2 mb=8"),
+                    ("dualpipev", "DualPipeV pp=2 mb=8")]:
+    t, per = tokens_per_s(name)
+    rows[name] = t
+    print(f"   {label:28s} {t:8.0f}  ({', '.join(f'{x:.0f}' for x in per)})  {t / base:5.2f}x one rank")
+print(f"   ZB1P / 1F1B {rows['zb1p'] / rows['1f1b']:.3f}x   DualPipeV / 1F1B {rows['dualpipev'] / rows['1f1b']:.3f}x")
+
+print("2. the split backward (median op times, ms)")
+b, z = op_times("1f1b"), op_times("zb1p")
+for stage in sorted({k[0] for k in b}):
+    if (stage, "B") in b and (stage, "BW") in z:
+        bi, bw = z.get((stage, "BI"), 0.0), z[(stage, "BW")]
+        print(f"   stage {stage}: B {b[(stage, 'B')]:.1f}   BI {bi:.1f} + BW {bw:.1f} = {bi + bw:.1f}   "
+              f"{(bi + bw) / b[(stage, 'B')]:.3f}x B")
+
+print("3. 1F1B pp=2 mb=8: idle fraction of the compute streams")
+ev = spans("1f1b")
+fracs = []
+for rank in sorted({e["pid"] for e in ev}):
+    for step in sorted({e["args"]["step"] for e in ev}):
+        ops = [e for e in ev if e["pid"] == rank and e["args"]["step"] == step]
+        comp = [e for e in ops if e["tid"] == "compute"]
+        if comp:
+            span = max(e["ts"] + e["dur"] for e in ops) - min(e["ts"] for e in ops)
+            fracs.append(1 - sum(e["dur"] for e in comp) / span)
+p, m = 2, 8
+print(f"   measured {statistics.median(fracs):.3f}, formula (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.3f}")
+
+print("4. the machine: two independent one-rank jobs at once")
+alone, _ = tokens_per_s("alone")
+a, _ = tokens_per_s("pair_a")
+b, _ = tokens_per_s("pair_b")
+print(f"   one alone {alone:.0f} tokens/s; two at once {a:.0f} + {b:.0f} = {a + b:.0f}: {(a + b) / alone:.2f}x "
+      f"(a pipeline of 2 can reach at most this x (1 - 1/9) = {(a + b) / alone * 8 / 9:.2f}x)")
