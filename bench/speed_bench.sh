@@ -9,7 +9,9 @@
 #  2. the zero-bubble split, from the traces: per stage, BI + BW against 1F1B's B (median op times).
 #  3. the compute streams' idle fraction under 1F1B against the formula (p-1)/(m+p-1);
 #  4. what the machine allows: two independent one-rank jobs (1 thread each) at once against one
-#     alone. Two ranks can go no faster than this, times 1 - bubble.
+#     alone. Two ranks can go no faster than this, times 1 - bubble;
+#  5. data parallelism dp=2 with 1 MiB buckets (the model's 6.5 MB of gradients in 7 buckets): the
+#     fraction of all-reduce time that overlaps compute on the same rank, from the trace.
 # Usage: bench/speed_bench.sh [BUILD_DIR] [ROUNDS]
 source "$(dirname "$0")/speed_setup.sh"
 common=(--data "$root/data/corpus.txt" --steps 12 --batch-size 16)
@@ -26,6 +28,7 @@ run() {  # name np strategy sets...
       --metrics "$tmp/$name.$r.jsonl" --trace "$tmp/$name.trace.json" >/dev/null
   fi
 }
+printf 'mesh dp = 2;\nreplicate * over dp bucket 1MiB on stream comm;\n' >"$tmp/dp_1mib.piper"
 for r in $(seq 1 "$rounds"); do
   run single 1 single.piper "$r" mb=8
   run 1f1b 2 1f1b.piper "$r" pp=2 mb=8
@@ -38,5 +41,7 @@ for r in $(seq 1 "$rounds"); do
   "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/single.piper" "${one[@]}" --metrics "$tmp/pair_a.$r.jsonl" >/dev/null &
   "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/single.piper" "${one[@]}" --metrics "$tmp/pair_b.$r.jsonl" >/dev/null
   wait
+  mpirun -np 2 "$build/tools/piper-run" "$tmp/m.pt" "$tmp/dp_1mib.piper" "${common[@]}" --metrics "$tmp/dp.$r.jsonl" \
+    --trace "$tmp/dp.trace.json" >/dev/null
 done
 /usr/bin/python3 "$root/bench/speed_report.py" "$tmp" "$rounds"

@@ -13,13 +13,20 @@ py=/usr/bin/python3  # Debian's, with python3-torch
 data=$root/data/corpus.txt
 steps=12
 common=(--data "$data" --steps "$steps" --batch-size 16)
+# PyTorch gets the thread settings piper-run gives itself: without them its OpenBLAS runs its own
+# pool beside the intra-op threads (a "1 thread" loop used both cores) and idle OpenMP threads spin.
+torch_env() {
+  local t=$1
+  shift
+  OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t MKL_NUM_THREADS=$t OMP_WAIT_POLICY=PASSIVE "$@"
+}
 for r in $(seq 1 "$rounds"); do
   for t in 1 2; do
-    "$py" "$root/bench/torch_baseline.py" loop "$tmp/m.pt" "$data" 128 16 "$steps" "$t" "$tmp/torch_loop_t$t.$r.json"
+    torch_env "$t" "$py" "$root/bench/torch_baseline.py" loop "$tmp/m.pt" "$data" 128 16 "$steps" "$t" "$tmp/torch_loop_t$t.$r.json"
     "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/single.piper" "${common[@]}" --threads "$t" \
       --metrics "$tmp/piper_single_t$t.$r.jsonl" >/dev/null
   done
-  "$py" "$root/bench/torch_baseline.py" ddp "$tmp/m.pt" "$data" 128 16 "$steps" 1 "$tmp/torch_ddp.$r.json"
+  torch_env 1 "$py" "$root/bench/torch_baseline.py" ddp "$tmp/m.pt" "$data" 128 16 "$steps" 1 "$tmp/torch_ddp.$r.json"
   mpirun -np 2 "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/dp.piper" "${common[@]}" \
     --metrics "$tmp/piper_dp2.$r.jsonl" >/dev/null
 done

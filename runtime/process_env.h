@@ -22,7 +22,8 @@ void exec_with_thread_env(int threads, char** argv, std::string* why);
 // glibc returns freed memory above 128 KiB to the kernel (munmap, heap trimming) and faults it in
 // again at the next allocation: with a step's activations freed and reallocated every microbatch,
 // that doubled the step time of a small model. Large blocks stay in the heap instead (up to 32 MiB
-// each; the heap keeps up to 1 GiB free), as a caching allocator would: RSS stays at the peak.
+// each; the heap keeps up to 1 GiB free), as a caching allocator would: RSS stays at the peak. All
+// threads share one arena.
 void keep_freed_memory();
 
 }  // namespace piper::runtime
