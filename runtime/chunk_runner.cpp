@@ -12,8 +12,13 @@ std::vector<torch::Tensor> compute(const PieceModules& m, const std::vector<torc
   if (m.expert) {
     const torch::Tensor &h = in.at(0), &gates = in.at(1);
     torch::Tensor y = torch::zeros_like(h);
-    for (const auto& [e, mod] : m.experts)
-      y = y + gates.slice(-1, e, e + 1) * const_cast<torch::jit::Module&>(mod).forward({h}).toTensor();
+    for (size_t c = 0; c < m.experts.size(); ++c) {
+      const torch::Tensor g = gates.select(1, static_cast<int64_t>(c));
+      const torch::Tensor idx = g.detach().nonzero().squeeze(1);  // the tokens that chose this member
+      if (idx.numel() == 0) continue;
+      const torch::Tensor out = const_cast<torch::jit::Module&>(m.experts[c].second).forward({h.index_select(0, idx)}).toTensor();
+      y = y.index_add(0, idx, out * g.index_select(0, idx).unsqueeze(1));
+    }
     return {y};
   }
   torch::Tensor x = in.at(0);
@@ -57,7 +62,10 @@ void run_backward(const PieceModules& m, PieceIO& io, ir::Op op, std::vector<tor
   MemScope scope(MemCategory::Activations);
   if (op == ir::Op::BW && io.split) {  // the weight half of what BI started
     backward_weights(io.weight);
-    io = PieceIO();
+    io.split = false;
+    io.outputs.clear();
+    io.inputs.clear();
+    io.grad_outputs.clear();
     return;
   }
   if (io.recompute) {  // activation checkpointing: the forward again, now recording the graph

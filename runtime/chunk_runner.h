@@ -19,8 +19,9 @@ struct PieceModules {
   // attention and router (the zoo's MoE contract, docs/models.md) and outputs {attention, h, gates}.
   bool moe_end = false;
   torch::jit::Module attn, router;
-  // Expert piece: the members this rank holds; inputs {h, gates} of every token of the group,
-  // output the gate-weighted sum of their outputs.
+  // Expert piece: the members this rank holds; inputs {h, gates} of the tokens routed here (gates:
+  // one column per member held), output the gate-weighted sum of their outputs, each member run
+  // only on the tokens that chose it.
   bool expert = false;
   std::vector<std::pair<int64_t, torch::jit::Module>> experts;
 };
@@ -29,6 +30,10 @@ struct PieceIO {
   std::vector<torch::Tensor> inputs;        // leaves requiring grad where a gradient flows back (tokens do not)
   std::vector<torch::Tensor> outputs;       // the forward's results; {loss} for the model's last piece
   std::vector<torch::Tensor> grad_outputs;  // the backward's incoming gradients (kept for BW when BI had no inputs)
+  // Expert pieces: this microbatch's routing (experts.h). route_to[k]: the indices of this rank's
+  // tokens sent to group member k; route_from[k]: how many tokens member k sent here.
+  std::vector<torch::Tensor> route_to;
+  std::vector<int64_t> route_from;
   WeightHalf weight;   // between BI and BW: where the weight half starts
   bool split = false;  // BI ran the input half; BW runs from `weight`
   std::vector<torch::Tensor> grad_inputs;   // the backward's results, one per input

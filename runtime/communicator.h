@@ -2,6 +2,9 @@
 // an MPI backend (mpi_communicator.cpp) and an in-process fake (threads as ranks) for tests.
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
 #include <limits>
 #include <memory>
 #include <string>
@@ -31,6 +34,18 @@ class Communicator {
                                   const std::vector<int>& group, int channel) = 0;
   virtual void all_gather(const float* in, float* out, const std::vector<size_t>& offsets, const std::vector<int>& group,
                           int channel) = 0;
+  // Personalised exchange: member j of `group` gets send_bytes[j] bytes from this rank (the parts
+  // lie one after another in `send`, in group order) and this rank gets recv_bytes[j] from member
+  // j (likewise in `recv`). Both sides know the counts (exchange them first when they vary).
+  virtual void all_to_all_v(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                            const std::vector<size_t>& recv_bytes, const std::vector<int>& group, int channel) = 0;
+  // Bytes this rank sent to other ranks with all_to_all_v on `channel` so far (what expert
+  // parallelism's dispatch and combine cost, measured).
+  int64_t bytes_sent(int channel) const {
+    std::lock_guard lk(sent_mu_);
+    auto it = sent_.find(channel);
+    return it == sent_.end() ? 0 : it->second;
+  }
   // Declares a group before its first collective, so a backend can build its communicator up front
   // (every member declares its groups in the same sorted order, from one thread).
   virtual void prepare_group(const std::vector<int>& group, int channel) {}
@@ -39,6 +54,20 @@ class Communicator {
   // Ends the whole job (all ranks) after a fatal error on this one, at once: peers blocked in a
   // send, receive or collective do not wait for it.
   [[noreturn]] virtual void abort(const std::string& why) = 0;
+
+ protected:
+  // Backends call this from all_to_all_v: the bytes for members other than `me`.
+  void count_sent(int channel, const std::vector<size_t>& send_bytes, size_t me) {
+    int64_t n = 0;
+    for (size_t j = 0; j < send_bytes.size(); ++j)
+      if (j != me) n += static_cast<int64_t>(send_bytes[j]);
+    std::lock_guard lk(sent_mu_);
+    sent_[channel] += n;
+  }
+
+ private:
+  mutable std::mutex sent_mu_;
+  std::map<int, int64_t> sent_;
 };
 
 // N ranks in one process: make_fake_world(N)[r] is rank r's communicator; use each from its own

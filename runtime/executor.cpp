@@ -256,7 +256,7 @@ struct Executor::Impl {
 
   void all_to_all(NodeId v) {
     const Node& n = node(v);
-    ExpertExchange x{comm, view.stages.at(n.stage).experts.at(n.segment).group};
+    ExpertExchange x{comm, view.stages.at(n.stage).experts.at(n.segment)};
     PieceIO &router = io_at(n, static_cast<int16_t>(n.segment - 1)), &expert = io_of(n);
     auto& out = values[static_cast<size_t>(v)];
     const bool back = n.flags & ir::kBackward;
@@ -266,12 +266,12 @@ struct Executor::Impl {
     } else if (!back) {
       out = {x.combine(router, expert)};
     } else if (n.payload == ir::Payload::Combine) {
-      out = {x.combine_transpose(values[static_cast<size_t>(source(v, true))].at(0), router)};
+      out = {x.combine_transpose(values[static_cast<size_t>(source(v, true))].at(0), router, expert)};
     } else {
       NodeId from = -1;  // the expert piece's input gradients
       for (NodeId u : data_preds[static_cast<size_t>(v)])
         if (node(u).op == Op::B || node(u).op == Op::BI) from = u;
-      out = x.dispatch_transpose(values[static_cast<size_t>(from)]);
+      out = x.dispatch_transpose(values[static_cast<size_t>(from)], router, expert);
     }
   }
 

@@ -1,4 +1,5 @@
 #include "runtime/executor.h"
+#include "runtime/rank_view.h"
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -71,7 +72,8 @@ std::vector<double> reference(int steps, int64_t batch, const std::string& path 
 
 // Every rank of the plan as a thread with its own executor and an in-process communicator.
 std::vector<double> distributed(const std::string& strategy, std::vector<std::string> sets, int world, int steps,
-                                int64_t batch, const std::string& model = tiny_model(), const std::string& optimizer = "adamw") {
+                                int64_t batch, const std::string& model = tiny_model(), const std::string& optimizer = "adamw",
+                                int64_t* expert_bytes = nullptr) {
   sched::PlanOptions opt;
   opt.cmd.np = world;
   opt.cmd.sets = std::move(sets);
@@ -98,6 +100,10 @@ std::vector<double> distributed(const std::string& strategy, std::vector<std::st
   for (auto& t : ranks) t.join();
   for (const auto& f : failures) REQUIRE_MESSAGE(f.empty(), f);
   for (const auto& l : losses) CHECK(l == losses.front());  // every rank reports the same loss
+  if (expert_bytes) {
+    *expert_bytes = 0;
+    for (const auto& c : comms) *expert_bytes += c->bytes_sent(kExpertChannel);
+  }
   return losses.front();
 }
 
@@ -170,6 +176,22 @@ TEST_CASE("in-process expert parallelism trains to the single-device losses: EP 
                   want);
     }
   }
+}
+
+TEST_CASE("expert parallelism is sparse: a token travels only to the ranks of its chosen experts") {
+  torch::set_num_threads(1);
+  const int steps = 2;
+  const int64_t batch = 8, seq = 16, layers = 4, d = 32, top_k = ModelConfig{}.top_k;
+  int64_t bytes = 0;
+  distributed("../tests/strategies/ep2.piper", {}, 2, steps, batch, tiny_moe(), "adamw", &bytes);
+  // Dispatch and combine, forward and backward: at most top_k remote copies of a token's hidden
+  // state each way (the gates and the token counts ride along: a few floats a token).
+  const double per_token_layer = double(bytes) / double(steps * batch * seq * layers);
+  const double bound = 2.0 * double(top_k * d * 4 * 2);
+  MESSAGE("expert exchange: " << per_token_layer << " bytes per token per MoE layer, forward and backward (bound " << bound
+                              << ")");
+  CHECK(bytes > 0);
+  CHECK(per_token_layer <= bound);
 }
 
 TEST_CASE("expert gradients are the global batch's: SGD (not scale-invariant like AdamW) agrees too") {

@@ -103,6 +103,35 @@ class FakeCommunicator : public Communicator {
     std::copy(all.begin(), all.end(), out);
   }
 
+  // Every part is left in the mailbox under a tag of the round (negative: plan tags are not), then
+  // collected.
+  void all_to_all_v(const void* send, const std::vector<size_t>& send_bytes, void* recv, const std::vector<size_t>& recv_bytes,
+                    const std::vector<int>& group, int channel) override {
+    const size_t me = static_cast<size_t>(std::find(group.begin(), group.end(), rank_) - group.begin());
+    count_sent(channel, send_bytes, me);
+    std::unique_lock lk(s_->mu);
+    check();
+    const long round = s_->next_round[{rank_, group, channel}]++;
+    const int tag = -1 - static_cast<int>(round * 64 + channel);
+    const char* from = static_cast<const char*>(send);
+    for (size_t j = 0; j < group.size(); ++j) {
+      s_->mail[{rank_, group[j], tag}].assign(from, from + send_bytes[j]);
+      from += send_bytes[j];
+    }
+    s_->cv.notify_all();
+    char* to = static_cast<char*>(recv);
+    for (size_t j = 0; j < group.size(); ++j) {
+      auto key = std::make_tuple(group[j], rank_, tag);
+      s_->cv.wait(lk, [&] { return !s_->aborted.empty() || s_->mail.count(key); });
+      check();
+      auto& msg = s_->mail[key];
+      if (msg.size() != recv_bytes[j]) throw std::runtime_error("fake communicator: all_to_all_v size mismatch");
+      std::memcpy(to, msg.data(), msg.size());
+      to += recv_bytes[j];
+      s_->mail.erase(key);
+    }
+  }
+
   [[noreturn]] void abort(const std::string& why) override {
     {
       std::lock_guard lk(s_->mu);

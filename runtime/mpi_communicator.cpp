@@ -207,6 +207,27 @@ class MpiCommunicator : public Communicator {
     progress_.wait(req, nullptr, "Allgatherv");
   }
 
+  void all_to_all_v(const void* send, const std::vector<size_t>& send_bytes, void* recv, const std::vector<size_t>& recv_bytes,
+                    const std::vector<int>& group, int channel) override {
+    MPI_Comm c = comm(group, channel);
+    int me = 0;
+    MPI_Comm_rank(c, &me);
+    count_sent(channel, send_bytes, static_cast<size_t>(me));
+    std::vector<int> sc, sd, rc, rd;
+    int so = 0, ro = 0;
+    for (size_t j = 0; j < group.size(); ++j) {
+      sc.push_back(static_cast<int>(send_bytes[j]));
+      sd.push_back(so);
+      so += sc.back();
+      rc.push_back(static_cast<int>(recv_bytes[j]));
+      rd.push_back(ro);
+      ro += rc.back();
+    }
+    MPI_Request req;
+    check(MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, c, &req), "Ialltoallv");
+    progress_.wait(req, nullptr, "Alltoallv");
+  }
+
   [[noreturn]] void abort(const std::string& why) override {
     std::fprintf(stderr, "piper-run: error: %s\npiper-run: stopping every rank\n", why.c_str());
     std::fflush(stderr);

@@ -232,7 +232,8 @@ class ClassModel {
     std::vector<RegionBytes> rs;
     PieceMemory p;
     if (seg.sharded >= 0) {
-      // An expert piece (dense dispatch): each held member runs on every token of the group, and
+      // An expert piece, priced at the most any routing brings (the sparse dispatch sends a token
+      // only where its experts are): each held member runs on every token of the group, and
       // the gate-weighted sum is its output.
       const ir::ExpertShard* e = experts_of(x, x.segment);
       const int64_t ways = e ? e->ways : 1, owned = e ? static_cast<int64_t>(e->owned(0).size()) : 0;
@@ -410,9 +411,9 @@ class ClassModel {
     }
   }
 
-  // Expert parallelism's exchanges (dense dispatch): the gathered tokens and gates live until the
-  // expert piece's backward, the combined output until its consumers are done, and the transposes'
-  // results likewise.
+  // Expert parallelism's exchanges, at the most any routing brings: the received tokens and gates
+  // live until the expert piece's backward, the combined output until its consumers are done, and
+  // the transposes' results likewise.
   void all_to_all(NodeId v, double a, double b) {
     const Node& x = n(v);
     const ir::ExpertShard* e = experts_of(x, x.segment);
