@@ -103,8 +103,9 @@ Module make(const std::shared_ptr<torch::jit::CompilationUnit>& cu, const char* 
 // scaled by 1/sqrt(2 * layers).
 torch::Tensor normal(std::vector<int64_t> shape, double std) { return torch::randn(shape) * std; }
 
+// Parameters require grad, so that the saved model.pt trains in PyTorch as it loads.
 void add_params(Module& m, const std::vector<std::pair<std::string, torch::Tensor>>& params) {
-  for (const auto& [name, t] : params) m.register_parameter(name, t, false);
+  for (const auto& [name, t] : params) m.register_parameter(name, t.detach().requires_grad_(true), false);
 }
 
 const char* kAttention = R"(

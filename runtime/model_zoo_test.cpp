@@ -1,5 +1,7 @@
 #include "runtime/model_zoo.h"
 
+#include <torch/script.h>  // before doctest: its CHECK must be the one in effect
+
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -67,6 +69,21 @@ TEST_CASE("the same seed gives the same weights") {
   CHECK(RegionModel(a.string()).check_regions(1, 0).loss != RegionModel(b.string()).check_regions(1, 0).loss);
   fs::remove(a);
   fs::remove(b);
+}
+
+TEST_CASE("a saved model's parameters require grad: it trains in PyTorch as it loads") {
+  ModelConfig c;
+  c.layers = 1;
+  auto a = temp("rg.pt");
+  save_model(c, a.string());
+  auto m = torch::jit::load(a.string());
+  int n = 0;
+  for (const auto& p : m.parameters()) {
+    CHECK(p.requires_grad());
+    ++n;
+  }
+  CHECK(n > 0);
+  fs::remove(a);
 }
 
 TEST_CASE("bad configurations and bad model files are clear errors") {
