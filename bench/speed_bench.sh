@@ -6,12 +6,15 @@
 #     microbatches (single.piper mb=8), and ZB1P and DualPipeV against 1F1B. Rounds alternate the
 #     strategies so that drift of the machine hits all alike; each figure is the median over rounds of
 #     each run's median step after warm-up.
-#  2. the zero-bubble split, from the traces: per stage, BI + BW against 1F1B's B (median op times).
+#  2. the zero-bubble split: BI + BW against B on the model's 8 blocks in one process (one thread,
+#     piper-bench-split), and per stage from the pipelines' traces (noisier: two ranks share the cores).
 #  3. the compute streams' idle fraction under 1F1B against the formula (p-1)/(m+p-1);
 #  4. what the machine allows: two independent one-rank jobs (1 thread each) at once against one
 #     alone. Two ranks can go no faster than this, times 1 - bubble;
 #  5. data parallelism dp=2 with 1 MiB buckets (the model's 6.5 MB of gradients in 7 buckets): the
-#     fraction of all-reduce time that overlaps compute on the same rank, from the trace.
+#     fraction of all-reduce time that overlaps compute on the same rank, from the trace;
+#  6. DualPipeV x EP (pp=2 x ep=2, 4 ranks on this node's cores, a MoE of 8 experts top-2): the
+#     fraction of all-to-all time that overlaps compute on the same rank, and the expert exchange.
 # Usage: bench/speed_bench.sh [BUILD_DIR] [ROUNDS]
 source "$(dirname "$0")/speed_setup.sh"
 common=(--data "$root/data/corpus.txt" --steps 12 --batch-size 16)
@@ -28,6 +31,7 @@ run() {  # name np strategy sets...
       --metrics "$tmp/$name.$r.jsonl" --trace "$tmp/$name.trace.json" >/dev/null
   fi
 }
+"$build/tools/piper-model" moe --layers 4 --d-model 128 --ffn 256 --seq 64 -o "$tmp/moe.pt" >/dev/null
 printf 'mesh dp = 2;\nreplicate * over dp bucket 1MiB on stream comm;\n' >"$tmp/dp_1mib.piper"
 for r in $(seq 1 "$rounds"); do
   run single 1 single.piper "$r" mb=8
@@ -44,4 +48,8 @@ for r in $(seq 1 "$rounds"); do
   mpirun -np 2 "$build/tools/piper-run" "$tmp/m.pt" "$tmp/dp_1mib.piper" "${common[@]}" --metrics "$tmp/dp.$r.jsonl" \
     --trace "$tmp/dp.trace.json" >/dev/null
 done
+mpirun -np 4 --oversubscribe "$build/tools/piper-run" "$tmp/moe.pt" "$root/strategies/dualpipev_ep.piper" --set pp=2 \
+  --set ep=2 --set mb=4 --data "$root/data/corpus.txt" --steps 8 --batch-size 16 --metrics "$tmp/ep.1.jsonl" \
+  --trace "$tmp/ep.trace.json" >/dev/null
+"$build/bench/piper-bench-split" "$tmp/m.pt" 1 8 2 15 >"$tmp/split.txt"
 /usr/bin/python3 "$root/bench/speed_report.py" "$tmp" "$rounds"
