@@ -13,9 +13,8 @@ echo "== piper-model gpt -> $demo/gpt.pt"
 "$root/build/tools/piper-model" gpt --layers 4 --d-model 64 --seq 64 -o "$demo/gpt.pt"
 "$root/build/tools/piper-model" verify "$demo/gpt.pt"
 echo "== mpirun -np 4 piper-run gpt.pt strategies/1f1b_dp.piper --set pp=2 --set dp=2 --set mb=4"
-# As root mpirun needs the two ALLOW variables; 4 ranks on fewer cores need --oversubscribe; ranks
-# sharing cores want one intra-op thread each and no OpenMP spin-waiting.
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1
+# As root mpirun needs the two ALLOW variables; 4 ranks on fewer cores need --oversubscribe.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # mpirun as root; piper-run sets its own thread pools
 mpirun -np 4 --oversubscribe --bind-to none "$root/build/tools/piper-run" "$demo/gpt.pt" "$root/strategies/1f1b_dp.piper" \
   --set pp=2 --set dp=2 --set mb=4 --batch-size 16 --steps 30 --data "$root/data/corpus.txt" --trace "$demo/trace.json"
 echo "trace: $demo/trace.json (open it at https://ui.perfetto.dev, or chrome://tracing)"
