@@ -126,7 +126,9 @@ TEST_CASE("integer arithmetic: floor division, min/max, len, size units, short-c
       "assert a == -4 and b == 1 and n == 8 and e == 2, \"arithmetic\";\n"
       "assert 1KiB == 1024 and 1MB == 1000000, \"units\";\n"
       "let z0 = 0;\nassert z0 == 0 or 1 / z0 == 1, \"or short-circuits\";\n"
-      "assert not (z0 != 0 and 1 / z0 == 1), \"and short-circuits\";\n");
+      "assert not (z0 != 0 and 1 / z0 == 1), \"and short-circuits\";\n"
+      // The floored remainder of the one quotient that overflows still fits.
+      "assert (-9223372036854775807 - 1) % -1 == 0, \"min % -1\";\n");
   CHECK_MESSAGE(s, f.errors());
 }
 

@@ -97,7 +97,8 @@ std::optional<Value> Checker::binary(const ast::Expr& e, const Env& env) {
       diags_.error(e.rhs->loc, fmt::format("{} by zero", op == "/" ? "division" : "remainder"));
       return std::nullopt;
     }
-    if (a == INT64_MIN && b == -1) return overflow(e);
+    // The one quotient that does not fit; its floored remainder, 0, does.
+    if (a == INT64_MIN && b == -1) return op == "%" ? Value::of(0) : overflow(e);
     // Floor semantics, so `(i - 1) % pp` stays in 0..pp-1 for negative i.
     int64_t q = a / b, rem = a % b;
     if (rem != 0 && ((rem < 0) != (b < 0))) --q, rem += b;

@@ -19,6 +19,10 @@ void Checker::run_block(const ast::Block& block, Env& env, UseContext& use, File
 }
 
 bool Checker::declare(Env& env, const std::string& name, Value v, SourceLoc loc, const char* what) {
+  if (name == "world") {  // would silently shadow the number of ranks every other use means
+    diags_.error(loc, "'world' is built in (the number of ranks: --np or mpirun) and cannot be redefined");
+    return false;
+  }
   if (const Var* old = env.find(name)) {
     diags_.error(loc, fmt::format("'{}' is already defined", name)).note(old->decl, fmt::format("{} '{}' defined here", old->what, name));
     return false;
