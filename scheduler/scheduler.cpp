@@ -188,6 +188,10 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, Dia
             at = g.facts.overlap_locs[static_cast<size_t>(o)];
             break;
           }
+      // Otherwise any overlap whose members never ran (all of them may still be waiting).
+      for (size_t v = 0; v < g.nodes.size() && !at.valid(); ++v)
+        if (int32_t o = g.nodes[v].overlap; !done[v] && o >= 0 && size_t(o) < g.facts.overlap_locs.size())
+          at = g.facts.overlap_locs[static_cast<size_t>(o)];
       auto& d = diags.error(at, fmt::format("the plan deadlocks: {} of {} tasks can never start", remaining, n));
       for (size_t i = 0; i < std::min<size_t>(stuck.size(), 4); ++i)
         d.note(SourceLoc{}, "tasks ordered to overlap must start together, but one waits on the other: " + stuck[i]);
