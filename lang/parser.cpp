@@ -464,12 +464,17 @@ std::unique_ptr<ast::File> parse_strategy(FileId file, const SourceManager& sour
   parser.addErrorListener(&listener);
   G::FileContext* tree = parser.file();
   if (diags.error_count() > errors_before) return nullptr;
-  if (tree_depth(tree) > limits.max_tree_depth) {
-    diags.error(SourceLoc{file, 1, 1, 1},
-                fmt::format("strategy is nested more than {} levels deep (an expression that long is unreadable; "
-                            "split it with let)", limits.max_tree_depth));
-    return nullptr;
-  }
+  // Operator chains nest in the tree as brackets do: bound the depth the builder and the evaluator
+  // recurse to, and point at the statement that goes too deep.
+  bool chain_too_deep = false;
+  for (auto* st : tree->stmt())
+    if (tree_depth(st) > limits.max_tree_depth) {
+      diags.error(tok_loc(file, st->getStart()),
+                  fmt::format("this statement nests more than {} levels deep (a chain of about {} operators); split "
+                              "it with let", limits.max_tree_depth, limits.max_tree_depth / 2));
+      chain_too_deep = true;
+    }
+  if (chain_too_deep) return nullptr;
 
   Builder builder(file);
   auto out = std::make_unique<ast::File>();

@@ -11,7 +11,7 @@ struct ParseLimits {
   size_t max_bytes = 1 << 20;       // a strategy is a page of text, not a data file
   size_t max_tokens = 200000;
   size_t max_nesting = 64;          // brackets and blocks; deeper input is an error, not a stack overflow
-  size_t max_tree_depth = 400;      // long operator chains nest too
+  size_t max_tree_depth = 4000;     // long operator chains nest too (the builder and evaluator recurse)
 };
 
 // Returns null when the file has syntax errors (all of them are reported).

@@ -79,9 +79,16 @@ TEST_CASE("deep nesting and huge inputs are errors, not crashes") {
 
   std::string chain = "let x = 1";
   for (int i = 0; i < 5000; ++i) chain += " + 1";
-  Parsed longchain(chain + ";\n");
+  Parsed longchain("mesh pp = 1;\n" + chain + ";\n");
   CHECK(!longchain.file);
-  CHECK(longchain.first().find("nested more than") != std::string::npos);
+  CHECK(longchain.first().find("2:1: error: this statement nests more than") != std::string::npos);
+
+  // A few hundred terms, or a run of unary minus signs, are within the limits.
+  std::string flat = "let x = 1", minus = "let y = ";
+  for (int i = 0; i < 600; ++i) flat += " + 1";
+  for (int i = 0; i < 300; ++i) minus += "- ";
+  Parsed fine(flat + ";\n" + minus + "1;\n");
+  CHECK_MESSAGE(fine.file, fine.first());
 
   ParseLimits small;
   small.max_bytes = 10;
