@@ -174,6 +174,7 @@ class Checker {
   std::map<std::string, SourceLoc> streams_;
   std::map<std::string, SourceLoc> declared_params_;
   std::set<std::string> used_overrides_;
+  std::map<std::string, SourceLoc> bound_by_use_;  // parameters a `use` argument fixed, where
   std::set<std::string> used_axes_;
   std::map<std::string, SourceLoc> replicate_axes_, shard_axes_;
   std::map<RegionId, Placed> placed_;

@@ -64,6 +64,7 @@ void Checker::stmt(const ast::ParamStmt& p, const ast::Stmt& s, Env& env, UseCon
   if (auto a = use.args.find(p.name); a != use.args.end()) {
     use.consumed.insert(p.name);
     v = a->second.first;
+    bound_by_use_.emplace(p.name, a->second.second);
   } else if (auto inh = use.inherited.find(p.name); inh != use.inherited.end()) {
     v = inh->second.value;
   } else {

@@ -4,13 +4,20 @@
 namespace piper::check {
 
 void Checker::finish() {
-  for (const Override& o : opt_.overrides)
-    if (!used_overrides_.count(o.name)) {
-      std::vector<std::string> names;
-      for (auto& [n, _] : declared_params_) names.push_back(n);
-      diags_.error(o.loc, fmt::format("--set {}: the strategy has no parameter '{}'{}", o.name, o.name,
-                                      did_you_mean(o.name, names)));
+  for (const Override& o : opt_.overrides) {
+    if (used_overrides_.count(o.name)) continue;
+    if (auto it = bound_by_use_.find(o.name); it != bound_by_use_.end()) {
+      diags_.error(o.loc, fmt::format("--set {}: '{}' is given by a `use` argument, which takes precedence over --set",
+                                      o.name, o.name))
+          .note(it->second, "given here; make it a parameter of this file to set it from the command line");
+      continue;
     }
+    std::vector<std::string> names;
+    for (auto& [n, _] : declared_params_)
+      if (n != o.name) names.push_back(n);
+    diags_.error(o.loc, fmt::format("--set {}: the strategy has no parameter '{}'{}", o.name, o.name,
+                                    did_you_mean(o.name, names)));
+  }
   finish_mesh();
   finish_placement();
   finish_axes();
