@@ -21,6 +21,12 @@ namespace piper::check {
 
 namespace fs = std::filesystem;
 
+// Sizes past which lowering and simulation could not answer in reasonable time and memory (they
+// build tasks per rank, stage and microbatch): refused up front instead of hanging.
+constexpr int64_t kMaxMicrobatches = 4096;
+constexpr int64_t kMaxStageMicrobatches = 65'536;  // stages × microbatches: forward tasks per step
+constexpr int64_t kMaxWorld = 1 << 20;
+
 struct Value {
   enum class Type { Int, Bool };
   Type type = Type::Int;

@@ -72,7 +72,12 @@ void Checker::stmt(const ast::PlaceStmt& p, const ast::Stmt& s, Env& env, UseCon
         return;
       }
       d.chunks = *v;
-      groups = n * *v;
+      if (__builtin_mul_overflow(n, *v, &groups) || groups > static_cast<int64_t>(d.regions.size())) {
+        diags_.error(p.chunks->loc, fmt::format("interleaved({}) over {}={} asks for more stages than the {} regions "
+                                                "selected",
+                                                *v, d.axis, n, d.regions.size()));
+        return;
+      }
     } else if (p.mode == M::VShape) {
       groups = 2 * n;
     }
@@ -231,6 +236,11 @@ void Checker::stmt(const ast::SplitStmt& sp, const ast::Stmt& s, Env& env, UseCo
   if (!n) return;
   if (*n < 1) {
     diags_.error(sp.microbatches->loc, fmt::format("cannot split the batch into {} microbatches", *n));
+    return;
+  }
+  if (*n > kMaxMicrobatches) {  // the DAG has tasks per microbatch and stage: beyond this, no answer in time
+    diags_.error(sp.microbatches->loc,
+                 fmt::format("cannot split the batch into {} microbatches: the limit is {}", *n, kMaxMicrobatches));
     return;
   }
   if (split_loc_.valid()) {

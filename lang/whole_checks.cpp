@@ -20,6 +20,10 @@ void Checker::finish() {
   }
   finish_mesh();
   finish_placement();
+  if (const int64_t stages = static_cast<int64_t>(out_.stages.size()); stages * out_.microbatches > kMaxStageMicrobatches)
+    diags_.error(split_loc_.valid() ? split_loc_ : SourceLoc{top_, 1, 1, 1},
+                 fmt::format("{} microbatches over {} stages are {} forward tasks a step: the limit is {}",
+                             out_.microbatches, stages, stages * out_.microbatches, kMaxStageMicrobatches));
   finish_axes();
   finish_batch();
   if (diags_.has_errors()) return;
@@ -33,6 +37,11 @@ void Checker::finish_mesh() {
       diags_.error(a.loc, "the mesh has more devices than fit in 64 bits");
       return;
     }
+  if (product > kMaxWorld || opt_.world.value_or(0) > kMaxWorld) {
+    diags_.error(product > kMaxWorld ? first_mesh_ : opt_.world_loc,
+                 fmt::format("{} devices: the limit is {}", std::max(product, opt_.world.value_or(0)), kMaxWorld));
+    return;
+  }
   const int64_t world = opt_.world.value_or(product);
   out_.mesh = Mesh(axes_, world);
   if (product == world) return;
