@@ -59,6 +59,13 @@ int64_t TokenData::token(size_t i) const {
   return v;
 }
 
+std::pair<int64_t, size_t> TokenData::max_token() const {
+  std::pair<int64_t, size_t> best{-1, 0};
+  for (size_t i = 0; i < count_; ++i)
+    if (int64_t t = token(i); t > best.first) best = {t, i};
+  return best;
+}
+
 std::vector<int64_t> TokenData::batch(uint64_t seed, uint64_t step, int64_t global_batch, int64_t first,
                                       int64_t count, int64_t seq) const {
   if (first < 0 || count < 0 || first + count > global_batch)

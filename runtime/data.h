@@ -2,6 +2,7 @@
 // with deterministic windows per (seed, step, sample) so every replica reads its own distinct slice
 // and a resumed run reads exactly what an uninterrupted one would.
 #pragma once
+#include <utility>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,6 +20,8 @@ class TokenData {
   size_t size() const { return count_; }  // tokens
   int64_t vocab() const { return bytes_per_token_ == 1 ? 256 : 65536; }
   int64_t token(size_t i) const;
+  // The largest token in the file and where it first occurs (one pass over the data).
+  std::pair<int64_t, size_t> max_token() const;
 
   // The global batch of `step` has `global_batch` samples of `seq + 1` tokens (inputs and shifted
   // targets). This returns samples [first, first + count) of it, row-major.

@@ -58,6 +58,7 @@ TEST_CASE("nanoGPT .bin files hold little-endian uint16 tokens") {
   CHECK(d.size() == 5);
   CHECK(d.token(2) == 300);
   CHECK(d.token(3) == 65535);
+  CHECK(d.max_token() == std::pair<int64_t, size_t>{65535, 3});
   auto b = d.batch(0, 0, 1, 0, 1, 3);
   CHECK(b.size() == 4);
   fs::remove(p);

@@ -76,6 +76,11 @@ struct Executor::Impl {
         throw std::runtime_error(fmt::format("--seq-len {} is longer than the model's sequence length {}", opt.seq_len, seq));
       seq = opt.seq_len;
     }
+    // A token past the model's vocabulary would fail deep in an embedding: say so up front.
+    if (impl.vocab > 0 && data.vocab() > impl.vocab)
+      if (auto [t, at] = data.max_token(); t >= impl.vocab)
+        throw std::runtime_error(fmt::format("the data has token {} (at position {}) but the model's vocabulary is {}", t,
+                                             at, impl.vocab));
     if (opt.global_batch % (view.replicas * view.microbatches) != 0)
       throw std::runtime_error(fmt::format("--batch-size {} does not split into {} replicas × {} microbatches",
                                            opt.global_batch, view.replicas, view.microbatches));

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "runtime/model_zoo.h"
@@ -176,6 +177,28 @@ TEST_CASE("in-process expert parallelism trains to the single-device losses: EP 
                   want);
     }
   }
+}
+
+TEST_CASE("token data past the model's vocabulary is refused up front, naming the token") {
+  std::string bytes;
+  for (int i = 0; i < 200; ++i) {
+    const uint16_t t = i == 150 ? 300 : static_cast<uint16_t>(i % 200);  // the tiny model's vocabulary is 256
+    bytes += std::string{char(t & 0xff), char(t >> 8)};
+  }
+  const auto path = (fs::temp_directory_path() / ("piper-vocab-" + std::to_string(::getpid()) + ".bin")).string();
+  std::ofstream(path, std::ios::binary) << bytes;
+  sched::PlanOptions opt;
+  opt.cmd.np = 1;
+  opt.cmd.batch_size = 2;
+  opt.cmd.search_path = default_search_path();
+  std::string errors;
+  auto plan = sched::compile_plan(tiny_model(), std::string(PIPER_STRATEGY_DIR) + "/single.piper", opt, &errors);
+  REQUIRE_MESSAGE(plan, errors);
+  auto comms = make_fake_world(1);
+  TokenData data(path);
+  CHECK_THROWS_WITH(Executor(*plan, tiny_model(), data, *comms[0], ExecutorOptions{2, 1e-3, "adamw", 0}),
+                    doctest::Contains("the data has token 300 (at position 150) but the model's vocabulary is 256"));
+  fs::remove(path);
 }
 
 TEST_CASE("expert parallelism is sparse: a token travels only to the ranks of its chosen experts") {
