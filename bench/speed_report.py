@@ -9,9 +9,9 @@ tmp, rounds = sys.argv[1], int(sys.argv[2])
 WARMUP = 3
 
 
-def tokens_per_s(name):
+def tokens_per_s(name, runs=None):
     per_round = []
-    for r in range(1, rounds + 1):
+    for r in range(1, (runs or rounds) + 1):
         rows = [json.loads(l) for l in open(f"{tmp}/{name}.{r}.jsonl")]
         steps = [x["tokens_per_s"] for x in rows if "tokens_per_s" in x][WARMUP:]
         per_round.append(statistics.median(steps))
@@ -101,7 +101,6 @@ t, _ = tokens_per_s("dp")
 print(f"   {covered / max(total, 1e-9):.3f} of {total / 1e3:.1f} ms of all-reduce overlaps compute; {t:.0f} tokens/s")
 
 print("6. DualPipeV x EP pp=2 ep=2 (4 ranks): all-to-all time overlapping compute")
-rounds = 1
 covered, total = hidden("ep", "A2A")
-t, _ = tokens_per_s("ep")
+t, _ = tokens_per_s("ep", runs=1)  # one run: four ranks on two cores are slow
 print(f"   {covered / max(total, 1e-9):.3f} of {total / 1e3:.1f} ms of all-to-all overlaps compute; {t:.0f} tokens/s")
