@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
+#include <cmath>
 #include <sstream>
 
 namespace piper::sched {
@@ -40,6 +41,44 @@ std::optional<Machine> parse_machine(FileId file, const SourceManager& sources, 
     return fail("\"memory_bandwidth\" (bytes/s) must be positive");
   if (!j.contains("link") || !link(j["link"], m.default_link))
     return fail("\"link\": {\"bandwidth\": bytes/s, \"latency\": s} is required");
+  // Measured sections (piper-run --profile): straight lines [fixed, per].
+  auto affine = [](const json& v, Affine& out) {
+    if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number()) return false;
+    out = Affine{v[0].get<double>(), v[1].get<double>()};
+    return std::isfinite(out.fixed) && std::isfinite(out.per) && out.fixed >= 0 && out.per >= 0;
+  };
+  if (j.contains("regions")) {
+    if (!j["regions"].is_object()) return fail("\"regions\" maps region names to measured times");
+    for (const auto& [name, r] : j["regions"].items()) {
+      RegionTimes t;
+      if (!r.is_object() || !r.contains("F") || !r.contains("B") || !affine(r["F"], t.F) || !affine(r["B"], t.B) ||
+          (r.contains("BI") && !affine(r["BI"], t.BI)) || (r.contains("BW") && !affine(r["BW"], t.BW)))
+        return fail(fmt::format("regions.{}: expected {{\"F\": [fixed s, s per sample] (neither negative), \"B\": [...], \"BI\": [...], "
+                                "\"BW\": [...]}}",
+                                name));
+      if (!r.contains("BI") || !r.contains("BW")) {  // unmeasured split: half each
+        t.BI = Affine{t.B.fixed / 2, t.B.per / 2};
+        t.BW = t.BI;
+      }
+      m.regions[name] = t;
+    }
+  }
+  if (j.contains("update")) {
+    Affine u;
+    if (!affine(j["update"], u)) return fail("\"update\": expected [fixed s, s per parameter byte] (neither negative)");
+    m.update = u;
+  }
+  if (j.contains("collectives")) {
+    Link l;
+    if (!link(j["collectives"], l)) return fail("\"collectives\": expected {\"bandwidth\": bytes/s, \"latency\": s}");
+    m.collectives = l;
+  }
+  if (j.contains("calibration")) {
+    const json& c = j["calibration"];
+    auto factor = [&](const char* k, double& out) { return !c.contains(k) || (number(c, k, out, true) && out > 0); };
+    if (!c.is_object() || !factor("F", m.calibration.F) || !factor("B", m.calibration.B) || !factor("U", m.calibration.U))
+      return fail("\"calibration\": expected {\"F\": factor, \"B\": factor, \"U\": factor}, each positive");
+  }
   if (j.contains("axes")) {
     if (!j["axes"].is_object()) return fail("\"axes\" maps mesh axis names to links");
     for (const auto& [axis, l] : j["axes"].items()) {
@@ -86,7 +125,52 @@ std::optional<UnitCosts> parse_unit_costs(const std::string& spec, std::string* 
   return c;
 }
 
-double CostModel::cost(const ir::Node& n, int64_t group_size, double share) const {
+CostModel CostModel::machine(Machine mc, const std::vector<std::string>& axes, int64_t samples, const Manifest& manifest) {
+  CostModel m;
+  m.region_times_.resize(manifest.regions.size());
+  for (size_t r = 0; r < manifest.regions.size(); ++r)
+    if (auto it = mc.regions.find(manifest.regions[r].name); it != mc.regions.end()) m.region_times_[r] = it->second;
+  m.first_region_ = manifest.sequence.empty() ? -1 : manifest.sequence.front();
+  m.machine_ = std::move(mc);
+  m.axes_ = axes;
+  m.samples_ = samples;
+  return m;
+}
+
+std::optional<double> CostModel::measured_chunk(const ir::Graph& g, const ir::Node& n) const {
+  using ir::Op;
+  if (region_times_.empty() || n.stage < 0 || n.op == Op::U) return std::nullopt;
+  const ir::Segment& seg = g.segment_of(n);
+  // A region is measured whole; a stage with experts runs its MoE blocks in pieces (attention and
+  // router, then the experts on their tokens), which FLOPs price instead.
+  if (seg.regions.empty() || !g.stage(n.stage).experts.empty()) return std::nullopt;
+  const double x = static_cast<double>(samples_);
+  // The first region takes tokens: a piece that starts with it has no input gradient, so its BI is
+  // empty and its BW is the whole backward (runtime/chunk_runner.cpp).
+  const bool first = seg.regions.front() == first_region_;
+  double t = 0;
+  for (RegionId r : seg.regions) {
+    const auto& rt = region_times_.at(static_cast<size_t>(r));
+    if (!rt) return std::nullopt;
+    const auto& cal = machine_->calibration;
+    switch (n.op) {
+      case Op::F: t += cal.F * rt->F.at(x); break;
+      case Op::B: t += cal.B * rt->B.at(x); break;
+      case Op::BI: t += first ? 0 : cal.B * rt->BI.at(x); break;
+      case Op::BW: t += cal.B * (first ? rt->B.at(x) : rt->BW.at(x)); break;
+      default: return std::nullopt;
+    }
+  }
+  return std::max(t, 0.0);
+}
+
+bool CostModel::measured(const ir::Graph& g) const {
+  for (const ir::Node& n : g.nodes)
+    if (ir::is_chunk(n.op) && n.op != ir::Op::U && !measured_chunk(g, n)) return false;
+  return machine_.has_value();
+}
+
+double CostModel::cost(const ir::Graph& g, const ir::Node& n, int64_t group_size, double share) const {
   using ir::Op;
   if (unit_) {
     switch (n.op) {
@@ -100,6 +184,15 @@ double CostModel::cost(const ir::Node& n, int64_t group_size, double share) cons
     }
   }
   const Machine& m = *machine_;
+  if (auto t = measured_chunk(g, n)) return *t;
+  if (n.op == Op::U && m.update) {
+    // The optimizer steps the parameters this rank updates: a stage's, a ZeRO shard of them.
+    const ir::StageFacts& st = g.stage(n.stage);
+    int64_t bytes = 0;
+    for (const auto& sg : st.segments) bytes += sg.param_bytes;
+    if (st.replication.zero >= 1 && st.replication.ways > 1) bytes /= st.replication.ways;
+    return m.calibration.U * m.update->at(static_cast<double>(bytes));
+  }
   const double fwd = static_cast<double>(n.flops) * static_cast<double>(samples_) / m.flops;
   // Backward = input gradient + weight gradient, each about one forward.
   switch (n.op) {
@@ -111,7 +204,11 @@ double CostModel::cost(const ir::Node& n, int64_t group_size, double share) cons
     case Op::Recv: return 0;
     default: break;
   }
-  const Link& l = n.axis >= 0 && static_cast<size_t>(n.axis) < axes_.size() && m.axes.count(axes_[static_cast<size_t>(n.axis)])
+  const bool collective = n.op != Op::Send && n.op != Op::Broadcast;
+  const Link& l = collective && m.collectives && !(n.axis >= 0 && static_cast<size_t>(n.axis) < axes_.size() &&
+                                                   m.axes.count(axes_[static_cast<size_t>(n.axis)]))
+                      ? *m.collectives
+                  : n.axis >= 0 && static_cast<size_t>(n.axis) < axes_.size() && m.axes.count(axes_[static_cast<size_t>(n.axis)])
                       ? m.axes.at(axes_[static_cast<size_t>(n.axis)])
                       : m.default_link;
   const double b = static_cast<double>(n.bytes), k = static_cast<double>(std::max<int64_t>(group_size, 1));

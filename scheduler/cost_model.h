@@ -5,6 +5,7 @@
 #include <string>
 
 #include "ir/graph.h"
+#include "lang/manifest.h"
 #include "lang/diagnostic.h"
 
 namespace piper::sched {
@@ -14,6 +15,18 @@ struct Link {
   double latency = 0;    // seconds per message
 };
 
+// Seconds as a straight line in one variable: per microbatch of x samples, or per x parameter bytes.
+struct Affine {
+  double fixed = 0, per = 0;
+  double at(double x) const { return fixed + per * x; }
+};
+
+// One region's measured chunk times (`piper-run --profile`), per microbatch of x samples. BI and BW
+// are measured with an input that needs its gradient; on the model's first region nothing does.
+struct RegionTimes {
+  Affine F, B, BI, BW;
+};
+
 struct Machine {
   std::string name;
   double flops = 0;             // sustained FLOP/s per device for the model's precision
@@ -21,6 +34,17 @@ struct Machine {
   double memory_bandwidth = 0;  // bytes/s, for the optimizer update
   Link default_link;
   std::map<std::string, Link> axes;  // per mesh axis, e.g. pp across nodes, dp inside a node
+  // Measured on this machine (`piper-run --profile`), preferred where present: chunk times per
+  // region by name (the model's; a region not listed falls back to FLOPs), the optimizer step per
+  // parameter byte, and collectives' own link (a link fitted to the all-reduce, not to point-to-point).
+  std::map<std::string, RegionTimes> regions;
+  std::optional<Affine> update;
+  std::optional<Link> collectives;
+  // Measured over simulated time of a real training step (piper-run --profile runs one): what the
+  // regions' times are multiplied by inside a step. B applies to BI and BW too.
+  struct Calibration {
+    double F = 1, B = 1, U = 1;
+  } calibration;
 };
 
 // Parses a machine description (machines/*.json). Errors are reported against the file.
@@ -37,17 +61,15 @@ std::optional<UnitCosts> parse_unit_costs(const std::string& spec, std::string* 
 class CostModel {
  public:
   static CostModel unit(UnitCosts c) { CostModel m; m.unit_ = c; return m; }
-  static CostModel machine(Machine mc, const std::vector<std::string>& axes, int64_t samples) {
-    CostModel m;
-    m.machine_ = std::move(mc);
-    m.axes_ = axes;
-    m.samples_ = samples;
-    return m;
-  }
-  // Seconds (or units) for one node; `group_size` is the number of ranks along a collective's axis;
-  // `share` is a chunk's part of its stage's work (a piece's FLOPs over the stage's), since unit
-  // costs are per whole stage.
-  double cost(const ir::Node& n, int64_t group_size, double share = 1) const;
+  // `manifest` resolves the machine's measured regions by name (the model's first sequence region
+  // takes no input gradient: a piece that starts with it has nothing for BI, all for BW).
+  static CostModel machine(Machine mc, const std::vector<std::string>& axes, int64_t samples, const Manifest& manifest);
+  // Seconds (or units) for one node of `g`; `group_size` is the number of ranks along a collective's
+  // axis; `share` is a chunk's part of its stage's work (a piece's FLOPs over the stage's), since
+  // unit costs are per whole stage.
+  double cost(const ir::Graph& g, const ir::Node& n, int64_t group_size, double share = 1) const;
+  // Whether every chunk of `g` is priced from measured region times (otherwise FLOPs or units).
+  bool measured(const ir::Graph& g) const;
   // An overlapped group's duration given its members' costs.
   double overlap(double sum_of_members) const { return unit_ && unit_->FB ? *unit_->FB : sum_of_members; }
   bool is_unit() const { return unit_.has_value(); }
@@ -58,6 +80,10 @@ class CostModel {
   std::optional<Machine> machine_;
   std::vector<std::string> axes_;
   int64_t samples_ = 1;
+  std::vector<std::optional<RegionTimes>> region_times_;  // by RegionId; empty where not measured
+  RegionId first_region_ = -1;
+  // A measured piece's time, or nothing when one of its regions was not measured.
+  std::optional<double> measured_chunk(const ir::Graph& g, const ir::Node& n) const;
 };
 
 }  // namespace piper::sched

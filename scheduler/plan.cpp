@@ -35,7 +35,7 @@ uint64_t plan_hash(const ir::Graph& g, const Schedule& s) {
   return fnv(h, fmt::format("world={} mb={} samples={}", f.mesh.world(), f.microbatches, f.samples_per_microbatch));
 }
 
-std::optional<CostModel> cost_model(const PlanOptions& o, const ir::Graph& g, SourceManager& sources,
+std::optional<CostModel> cost_model(const PlanOptions& o, const ir::Graph& g, const Manifest& manifest, SourceManager& sources,
                                     DiagnosticEngine& diags, PlanResult& r) {
   if (o.machine_path.empty()) {
     std::string error;
@@ -59,7 +59,7 @@ std::optional<CostModel> cost_model(const PlanOptions& o, const ir::Graph& g, So
   if (!mc) return std::nullopt;
   std::vector<std::string> axes;
   for (const auto& a : g.facts.mesh.axes()) axes.push_back(a.name);
-  return CostModel::machine(*mc, axes, g.facts.samples_per_microbatch);
+  return CostModel::machine(*mc, axes, g.facts.samples_per_microbatch, manifest);
 }
 
 // Over budget: the error names the directive that decides the most memory — replication (ZeRO) for
@@ -95,7 +95,7 @@ PlanResult compile_checked(PlanResult r, const PlanOptions& o, SourceManager& so
     r.status = PlanStatus::Invalid;
     return r;
   }
-  auto costs = cost_model(o, *g, sources, diags, r);
+  auto costs = cost_model(o, *g, *r.manifest, sources, diags, r);
   if (!costs) {
     if (r.status == PlanStatus::Ok) r.status = PlanStatus::Invalid;
     return r;

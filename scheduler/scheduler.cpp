@@ -200,7 +200,7 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, Dia
     Unit u = *unit_of(best->node);
     std::vector<double> member;  // each member's own cost
     for (NodeId m : u.nodes)
-      member.push_back(costs.cost(g.nodes[static_cast<size_t>(m)], group_size(g.nodes[static_cast<size_t>(m)]), share[static_cast<size_t>(m)]));
+      member.push_back(costs.cost(g, g.nodes[static_cast<size_t>(m)], group_size(g.nodes[static_cast<size_t>(m)]), share[static_cast<size_t>(m)]));
     double dur = 0;
     for (double c : member) dur += c;
     const double sum = dur;

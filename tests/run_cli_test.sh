@@ -23,5 +23,26 @@ printf 'use "single.piper";\nprecision bf16;\n' >"$tmp/bf16.piper"
 expect 0 "step    1/1" "bf16 mixed precision trains" -- "$run" "$tmp/m.pt" "$tmp/bf16.piper" --steps 1 -I "$root/strategies"
 expect 1 "cannot open" "missing data file" -- "$run" "$tmp/m.pt" "$root/strategies/single.piper" --data "$tmp/none.txt"
 expect 0 "piper-run" "--version" -- "$run" --version
+expect 2 "STRATEGY is required" "no strategy and no --profile" -- "$run" "$tmp/m.pt"
+# --profile writes a machine description with every region measured and a calibration; training
+# and the simulator read it.
+expect 0 "wrote $tmp/machine.json" "--profile" -- "$run" "$tmp/m.pt" --profile "$tmp/machine.json" --threads 1
+/usr/bin/python3 - "$tmp/machine.json" <<'PY' || fails=$((fails + 1))
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert sorted(m["regions"]) == ["embed", "head", "layers.0", "layers.1"], m["regions"].keys()
+for name, r in m["regions"].items():
+    for op in ("F", "B", "BI", "BW"):
+        assert len(r[op]) == 2 and min(r[op]) >= 0, (name, op, r[op])
+    assert r["F"][0] + 4 * r["F"][1] > 0 and r["B"][0] + 4 * r["B"][1] > 0, (name, r)
+assert all(m["calibration"][k] > 0 for k in "FBU"), m["calibration"]
+assert min(m["update"]) >= 0 and m["profile"]["ranks"] == 1, m
+PY
+expect 0 "step    2/2" "trains scheduled by a profiled machine" -- "$run" "$tmp/m.pt" "$root/strategies/single.piper" --steps 2 \
+  --machine "$tmp/machine.json"
+echo '{"flops": 1e9, "memory_bytes": 1, "memory_bandwidth": 1, "link": {"bandwidth": 1}, "update": [-1, 0]}' >"$tmp/bad.json"
+expect 1 "\"update\": expected [fixed s, s per parameter byte] (neither negative)" "a bad machine file" -- \
+  "$run" "$tmp/m.pt" "$root/strategies/single.piper" --steps 1 --machine "$tmp/bad.json"
+ls "$tmp" | grep -q tmp && { echo "FAIL: --profile left temporary files: $(ls "$tmp")"; fails=$((fails + 1)); }
 if ((fails)); then echo "run_cli_test: $fails failed"; exit 1; fi
 echo "run_cli_test: all passed"

@@ -18,6 +18,7 @@
 #include "runtime/executor.h"
 #include "runtime/mpi_communicator.h"
 #include "runtime/process_env.h"
+#include "runtime/profiler.h"
 #include "scheduler/plan.h"
 
 using namespace piper;
@@ -106,13 +107,13 @@ int main(int argc, char** argv) {
   CLI::App app{"piper-run: train MODEL with STRATEGY; under mpirun, one executor per rank"};
   app.set_version_flag("--version", std::string("piper-run ") + PIPER_VERSION);
   std::string model, strategy, data_path = share_dir() + "/data/corpus.txt", metrics_path, trace_path;
-  std::string optimizer = "adamw", memory_limit;
+  std::string optimizer = "adamw", memory_limit, profile_path, machine_path;
   int64_t steps = 20, batch = 8, seq_len = 0, threads = 0;
   double lr = 1e-3;
   uint64_t seed = 0;
   std::vector<std::string> sets, include;
   app.add_option("MODEL", model, "model.pt with its region manifest")->required();
-  app.add_option("STRATEGY", strategy, "strategy file (.piper)")->required();
+  app.add_option("STRATEGY", strategy, "strategy file (.piper); not with --profile");
   app.add_option("--steps", steps)->capture_default_str();
   app.add_option("--batch-size", batch, "global batch (samples per step, all replicas)")->capture_default_str();
   app.add_option("--seq-len", seq_len, "tokens per sample (default and maximum: the model's)");
@@ -127,8 +128,13 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "intra-op threads per rank (default: cores / ranks on this node)");
   app.add_option("--memory-limit", memory_limit,
                  "per-rank limit on tensor memory from the first step on, e.g. 512MiB: an op that needs more fails");
+  app.add_option("--profile", profile_path,
+                 "measure this machine instead of training: each region's F/B/BI/BW, the optimizer, the links; "
+                 "writes a machine description for --machine (run it as you will train: same ranks and threads)");
+  app.add_option("--machine", machine_path, "schedule with the costs of a machine description (from --profile)");
   try {
     app.parse(argc, argv);
+    if (strategy.empty() && profile_path.empty()) throw CLI::RequiredError("STRATEGY");
   } catch (const CLI::ParseError& e) {
     int rc = lead ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
     return rc == 0 ? 0 : 2;
@@ -148,8 +154,46 @@ int main(int argc, char** argv) {
     return 1;
   };
 
+  if (!profile_path.empty()) {
+    try {
+      set_intra_op_threads(t);
+      const std::string text = profile_machine(model, *comm, ProfileOptions{.seq_len = seq_len, .optimizer = optimizer, .threads = t});
+      // Calibration: a data-parallel step on every rank, 4 microbatches of 2 samples each, priced by
+      // what was just measured and then run.
+      const std::string tmp_strategy = fmt::format("{}.rank{}.tmp.piper", profile_path, comm->rank());
+      if (lead) std::ofstream(profile_path + ".rank0.tmp") << text;
+      std::ofstream(tmp_strategy) << fmt::format("mesh dp = {};\nsplit batch into 4;\nreplicate * over dp;\n", comm->size());
+      std::vector<int> everyone(static_cast<size_t>(comm->size()));
+      for (int r = 0; r < comm->size(); ++r) everyone[static_cast<size_t>(r)] = r;
+      comm->prepare_group(everyone, 3);
+      double sync = 0;
+      comm->all_reduce_sum(&sync, 1, everyone, 3);  // rank 0's file is written
+      sched::PlanOptions popt;
+      popt.cmd.np = comm->size();
+      popt.cmd.batch_size = 8 * comm->size();
+      popt.machine_path = profile_path + ".rank0.tmp";
+      std::string errors;
+      auto cal = sched::compile_plan(model, tmp_strategy, popt, &errors);
+      if (!cal) throw std::runtime_error("calibration plan: " + errors);
+      TokenData data(data_path);
+      const std::string calibrated = calibrate_machine(text, *cal, model, data, *comm, 4,
+                                                       fmt::format("dp over {} ranks, 4 microbatches of 2 samples", comm->size()));
+      std::remove(tmp_strategy.c_str());
+      comm->all_reduce_sum(&sync, 1, everyone, 3);  // everyone has read rank 0's file
+      if (lead) {
+        std::remove(popt.machine_path.c_str());
+        std::ofstream out(profile_path);
+        if (!(out << calibrated)) return fail(fmt::format("piper-run: error: {}: cannot write", profile_path));
+        fmt::print("piper-run: wrote {} (use it: --machine {})\n", profile_path, profile_path);
+      }
+      return 0;
+    } catch (const std::exception& e) {
+      comm->abort(e.what());
+    }
+  }
   // Every rank compiles the same plan from the same inputs; a mismatch is refused below.
   sched::PlanOptions opt;
+  opt.machine_path = machine_path;
   opt.cmd.np = comm->size();
   opt.cmd.sets = sets;
   opt.cmd.batch_size = batch;

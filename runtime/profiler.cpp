@@ -1,0 +1,318 @@
+#include "runtime/profiler.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "runtime/chunk_runner.h"
+#include "runtime/executor.h"
+#include "runtime/region_model.h"
+#include "runtime/region_model_impl.h"
+#include "runtime/stage_params.h"
+
+namespace piper::runtime {
+
+namespace {
+using nlohmann::json;
+constexpr int kChannel = 7;  // the profiler's own sequence of collectives
+constexpr int kTag = 1 << 29;
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Least squares through (x, y): fixed + per * x, neither negative (noise can tilt a line fitted to
+// a near-proportional cost below the origin; then the line through the origin).
+std::pair<double, double> fit(const std::vector<double>& x, const std::vector<double>& y) {
+  const double n = static_cast<double>(x.size());
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sx += x[i];
+    sy += y[i];
+    sxx += x[i] * x[i];
+    sxy += x[i] * y[i];
+  }
+  const double d = n * sxx - sx * sx;
+  if (d <= 0) return {sy / n, 0};
+  const double per = (n * sxy - sx * sy) / d, fixed = (sy - per * sx) / n;
+  if (fixed < 0) return {0, sxx > 0 ? std::max(0.0, sxy / sxx) : 0};
+  if (per < 0) return {std::max(0.0, sy / n), 0};
+  return {fixed, per};
+}
+
+json line(std::pair<double, double> a) { return json::array({a.first, a.second}); }
+
+// The forward FLOPs per sample of each sequence region's subtree (the manifest's facts).
+std::vector<double> sequence_flops(const json& manifest, const std::vector<std::string>& sequence) {
+  std::vector<double> out;
+  for (const auto& name : sequence) {
+    double f = 0;
+    for (const auto& r : manifest["regions"]) {
+      const std::string rn = r.value("name", "");
+      if (rn == name || rn.starts_with(name + ".")) f += r.value("flops", 0.0);
+    }
+    out.push_back(f);
+  }
+  return out;
+}
+
+class Group {
+ public:
+  explicit Group(Communicator& c) : comm_(c) {
+    for (int r = 0; r < c.size(); ++r) everyone_.push_back(r);
+    comm_.prepare_group(everyone_, kChannel);
+  }
+  void barrier() {
+    double x = 0;
+    comm_.all_reduce_sum(&x, 1, everyone_, kChannel);
+  }
+  void sum(std::vector<double>& v) { comm_.all_reduce_sum(v.data(), v.size(), everyone_, kChannel); }
+  const std::vector<int>& everyone() const { return everyone_; }
+
+ private:
+  Communicator& comm_;
+  std::vector<int> everyone_;
+};
+
+// Every region's F, B, BI and BW seconds (medians), run as the executor runs pieces: each region a
+// piece of its own, chained, `inflight` microbatches forward before their backwards (so caches
+// hold what they would in a pipeline, not one region's working set), once with whole backwards and
+// once split into BI (all regions, last to first) then BW.
+std::vector<std::array<double, 4>> time_regions(const RegionModel::Impl& impl, int64_t samples, int64_t seq, int inflight,
+                                                int reps) {
+  const size_t n = impl.modules.size();
+  std::vector<PieceModules> pm(n);
+  for (size_t r = 0; r < n; ++r) pm[r].plain = {impl.modules[r]};
+  std::vector<std::array<std::vector<double>, 4>> t(n);
+  const int warmup = 1;
+  for (int i = 0; i < reps + warmup; ++i)
+    for (bool split : {false, true}) {
+      std::vector<std::vector<PieceIO>> io(static_cast<size_t>(inflight), std::vector<PieceIO>(n));
+      std::vector<torch::Tensor> targets;
+      for (auto& mb : io) {
+        targets.push_back(torch::randint(impl.vocab, {samples, seq}, torch::kLong));
+        const torch::Tensor& tg = targets.back();
+        torch::Tensor x = torch::randint(impl.vocab, {samples, seq}, torch::kLong);
+        for (size_t r = 0; r < n; ++r) {
+          mb[r].inputs = {r == 0 ? x : x.detach().requires_grad_(true)};
+          LossFn loss;
+          if (r + 1 == n)  // the executor's loss, in fp32
+            loss = [&tg](const torch::Tensor& logits) {
+              const torch::Tensor l = logits.to(torch::kFloat);
+              return at::cross_entropy_loss(l.reshape({-1, l.size(-1)}), tg.reshape({-1}));
+            };
+          const double t0 = now();
+          run_forward(pm[r], mb[r], true, loss);
+          if (i >= warmup && !split) t[r][0].push_back(now() - t0);
+          x = mb[r].outputs.at(0);
+        }
+      }
+      for (int m = inflight - 1; m >= 0; --m) {
+        auto& mb = io[static_cast<size_t>(m)];
+        const torch::Tensor& tg = targets[static_cast<size_t>(m)];
+        torch::Tensor g;  // the gradient flowing back into region r's output
+        for (size_t r = n; r-- > 0;) {
+          LossFn loss;
+          if (r + 1 == n)
+            loss = [&tg](const torch::Tensor& logits) {
+              const torch::Tensor l = logits.to(torch::kFloat);
+              return at::cross_entropy_loss(l.reshape({-1, l.size(-1)}), tg.reshape({-1}));
+            };
+          const double t0 = now();
+          run_backward(pm[r], mb[r], split ? ir::Op::BI : ir::Op::B, {g}, loss);
+          if (i >= warmup) t[r][split ? 2 : 1].push_back(now() - t0);
+          g = mb[r].grad_inputs.empty() ? torch::Tensor() : mb[r].grad_inputs.at(0);
+        }
+        if (split)
+          for (size_t r = n; r-- > 0;) {
+            const double t0 = now();
+            run_backward(pm[r], mb[r], ir::Op::BW, {}, LossFn{});
+            if (i >= warmup) t[r][3].push_back(now() - t0);
+          }
+      }
+    }
+  std::vector<std::array<double, 4>> out(n);
+  for (size_t r = 0; r < n; ++r)
+    for (size_t q = 0; q < 4; ++q) out[r][q] = median(t[r][q]);
+  return out;
+}
+
+double time_update(int64_t elems, const std::string& kind, int reps) {
+  FlatOptimizer opt(OptimizerOptions{.kind = kind});
+  torch::Tensor p = torch::zeros({elems}), g = torch::randn({elems}) * 1e-3;
+  opt.add(p, g);
+  std::vector<double> t;
+  torch::Tensor other = torch::zeros({16 << 20});  // 64 MiB: evicts the buffers, as a step's backward does
+  for (int i = 0; i < reps + 2; ++i) {
+    other.add_(1);
+    const double t0 = now();
+    opt.step();
+    if (i >= 2) t.push_back(now() - t0);
+  }
+  return median(t);
+}
+}  // namespace
+
+std::string profile_machine(const std::string& model_path, Communicator& comm, const ProfileOptions& o) {
+  plain_interpreter();
+  RegionModel model(model_path);
+  auto& impl = model.impl();
+  const json manifest = json::parse(impl.manifest);
+  const int64_t seq = o.seq_len > 0 ? std::min(o.seq_len, impl.seq_len) : impl.seq_len;
+  const size_t n = impl.modules.size(), ns = o.samples.size();
+  int64_t param_elems = 0;
+  for (auto& m : impl.modules)
+    for (auto p : m.parameters()) {  // gradients exist up front, as the executor's flat views do
+      p.set_requires_grad(true);
+      p.mutable_grad() = torch::zeros_like(p);
+      param_elems += p.numel();
+    }
+  Group group(comm);
+  group.barrier();  // every rank starts measuring together: they share the machine
+
+  // Compute: every region at each microbatch size.
+  std::vector<double> compute(n * ns * 4, 0.0);  // [region][samples][F, B, BI, BW]
+  torch::manual_seed(1234);
+  for (size_t k = 0; k < ns; ++k) {
+    const auto t = time_regions(impl, o.samples[k], seq, o.inflight, o.reps);
+    for (size_t r = 0; r < n; ++r)
+      for (size_t q = 0; q < 4; ++q) compute[(r * ns + k) * 4 + q] = t[r][q];
+  }
+  // The optimizer over flat buffers, at two sizes.
+  const int64_t small = std::max<int64_t>(param_elems, 1 << 20), big = 4 * small;
+  compute.push_back(time_update(small, o.optimizer, o.reps));
+  compute.push_back(time_update(big, o.optimizer, o.reps));
+  group.sum(compute);
+  for (double& v : compute) v /= comm.size();
+
+  // Communication, measured by rank 0 (with rank 1 for point-to-point) and shared by the sum.
+  const std::vector<size_t> p2p_sizes{4 << 10, 256 << 10, 4 << 20}, ar_sizes{64 << 10, 1 << 20, 4 << 20};
+  std::vector<double> wire(p2p_sizes.size() + ar_sizes.size(), 0.0);
+  if (comm.size() >= 2) {
+    std::vector<char> buf(p2p_sizes.back());
+    for (size_t i = 0; i < p2p_sizes.size(); ++i) {
+      group.barrier();
+      std::vector<double> t;
+      for (int rep = 0; rep < o.reps + 2; ++rep) {
+        const double t0 = now();
+        if (comm.rank() == 0) {
+          comm.send(buf.data(), p2p_sizes[i], 1, kTag);
+          comm.recv(buf.data(), p2p_sizes[i], 1, kTag);
+        } else if (comm.rank() == 1) {
+          comm.recv(buf.data(), p2p_sizes[i], 0, kTag);
+          comm.send(buf.data(), p2p_sizes[i], 0, kTag);
+        }
+        if (rep >= 2) t.push_back((now() - t0) / 2);  // one way
+      }
+      if (comm.rank() == 0) wire[i] = median(t);
+    }
+    std::vector<float> data(ar_sizes.back() / sizeof(float), 1.0f);
+    for (size_t i = 0; i < ar_sizes.size(); ++i) {
+      std::vector<double> t;
+      for (int rep = 0; rep < o.reps + 2; ++rep) {
+        group.barrier();
+        const double t0 = now();
+        comm.all_reduce_sum(data.data(), ar_sizes[i] / sizeof(float), group.everyone(), kChannel);
+        if (rep >= 2) t.push_back(now() - t0);
+      }
+      if (comm.rank() == 0) wire[p2p_sizes.size() + i] = median(t);
+    }
+  }
+  group.sum(wire);
+  if (comm.rank() != 0) return "";
+
+  // The machine description.
+  std::vector<double> xs(o.samples.begin(), o.samples.end());
+  json regions = json::object();
+  const std::vector<double> flops = sequence_flops(manifest, impl.sequence);
+  double flop_sum = 0, f_time = 0;
+  for (size_t r = 0; r < n; ++r) {
+    json entry = json::object();
+    const char* names[4] = {"F", "B", "BI", "BW"};
+    for (size_t q = 0; q < 4; ++q) {
+      std::vector<double> ys;
+      for (size_t k = 0; k < ns; ++k) ys.push_back(compute[(r * ns + k) * 4 + q]);
+      entry[names[q]] = line(fit(xs, ys));
+    }
+    regions[impl.sequence[r]] = entry;
+    flop_sum += flops[r] * xs.back();
+    f_time += compute[(r * ns + ns - 1) * 4];
+  }
+  const double elem_bytes = sizeof(float);
+  const auto update = fit({double(small) * elem_bytes, double(big) * elem_bytes}, {compute[n * ns * 4], compute[n * ns * 4 + 1]});
+  json out;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  out["name"] = fmt::format("profiled on {}: {} ranks x {} threads", host, comm.size(), o.threads);
+  out["comment"] =
+      "Written by piper-run --profile: regions' chunk times in seconds per microbatch as [fixed, per sample], the "
+      "optimizer step as [fixed, per parameter byte]; links fitted to one-way point-to-point and to all-reduce times.";
+  out["profile"] = {{"model", model_path}, {"ranks", comm.size()}, {"threads", o.threads}, {"seq_len", seq},
+                    {"samples", o.samples}, {"reps", o.reps}, {"optimizer", o.optimizer}};
+  out["flops"] = f_time > 0 && flop_sum > 0 ? flop_sum / f_time : 1e9;  // for what is priced by FLOPs
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  out["memory_bytes"] = pages > 0 && page > 0 ? double(pages) * double(page) / comm.size() : 0.0;
+  out["memory_bandwidth"] = update.second > 0 ? 16.0 / update.second : 1e10;
+  out["update"] = line(update);
+  if (comm.size() >= 2) {
+    std::vector<double> px(p2p_sizes.begin(), p2p_sizes.end()), ax(ar_sizes.begin(), ar_sizes.end());
+    const auto p2p = fit(px, std::vector<double>(wire.begin(), wire.begin() + long(p2p_sizes.size())));
+    const auto ar = fit(ax, std::vector<double>(wire.begin() + long(p2p_sizes.size()), wire.end()));
+    const double k = comm.size();
+    // Ring all-reduce: 2(k-1) latencies and 2(k-1)/k of the bytes over the link.
+    out["link"] = {{"bandwidth", p2p.second > 0 ? 1.0 / p2p.second : 1e12}, {"latency", std::max(0.0, p2p.first)}};
+    out["collectives"] = {{"bandwidth", ar.second > 0 ? 2 * (k - 1) / k / ar.second : 1e12},
+                          {"latency", std::max(0.0, ar.first / (2 * (k - 1)))}};
+  } else {
+    out["link"] = {{"bandwidth", 1e12}, {"latency", 0.0}};
+    out["comment"] = out["comment"].get<std::string>() + " One rank: nothing is communicated, so links were not measured.";
+  }
+  out["regions"] = regions;
+  return out.dump(2) + "\n";
+}
+
+std::string calibrate_machine(const std::string& machine_json, const sched::Plan& plan, const std::string& model_path,
+                              const TokenData& data, Communicator& comm, int steps, const std::string& described) {
+  const int64_t batch = plan.samples_per_microbatch() * plan.dag.facts.microbatches * plan.dag.facts.mesh.replicas(plan.dag.facts.pipeline_axis);
+  Executor ex(plan, model_path, data, comm, ExecutorOptions{.global_batch = batch});
+  // [F, B, U] x [measured, simulated], this rank's.
+  std::vector<double> t(6, 0.0);
+  auto slot = [](ir::Op op) -> int {
+    switch (op) {
+      case ir::Op::F: return 0;
+      case ir::Op::B:
+      case ir::Op::BI:
+      case ir::Op::BW: return 1;
+      case ir::Op::U: return 2;
+      default: return -1;
+    }
+  };
+  const int32_t cls = plan.schedule.class_of_rank(comm.rank());
+  for (size_t v = 0; v < plan.dag.nodes.size(); ++v)
+    if (int k = slot(plan.dag.nodes[v].op); k >= 0 && plan.schedule.node_class[v] == cls)
+      t[size_t(2 * k + 1)] += (steps - 1) * (plan.schedule.finish[v] - plan.schedule.start[v]);
+  for (int s = 0; s < steps; ++s) {
+    const StepResult r = ex.step(s);
+    if (s == 0) continue;  // the first step allocates what the others reuse
+    for (const OpSpan& op : r.ops)
+      if (auto n = ir::parse_token(op.token))
+        if (int k = slot(n->op); k >= 0) t[size_t(2 * k)] += op.end - op.start;
+  }
+  Group group(comm);
+  group.sum(t);
+  if (comm.rank() != 0) return "";
+  json m = json::parse(machine_json);
+  auto ratio = [&](int k) { return t[size_t(2 * k + 1)] > 0 ? t[size_t(2 * k)] / t[size_t(2 * k + 1)] : 1.0; };
+  m["calibration"] = {{"F", ratio(0)}, {"B", ratio(1)}, {"U", ratio(2)}, {"measured_on", described}};
+  return m.dump(2) + "\n";
+}
+
+}  // namespace piper::runtime

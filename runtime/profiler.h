@@ -1,0 +1,36 @@
+// Measures this machine for the simulator (`piper-run --profile FILE`): every pipeline region's F, B,
+// BI and BW at a few microbatch sizes, the optimizer step per parameter byte, point-to-point and
+// all-reduce time per message and per byte — written as a machine description the scheduler reads.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/communicator.h"
+#include "runtime/data.h"
+#include "scheduler/plan.h"
+
+namespace piper::runtime {
+
+struct ProfileOptions {
+  std::vector<int64_t> samples{1, 2, 4};  // microbatch sizes a straight line is fitted through
+  int reps = 5;                           // timed repetitions of each measurement (the median is kept)
+  int inflight = 4;                       // microbatches forward before their backwards, as in a pipeline
+  int64_t seq_len = 0;                    // tokens per sample; 0: the model's
+  std::string optimizer = "adamw";
+  int threads = 1;                        // intra-op threads per rank (recorded)
+};
+
+// Every rank measures at once, sharing the machine as training will; the figures are averaged over
+// ranks. Rank 0 returns the machine description (JSON text), the others an empty string.
+std::string profile_machine(const std::string& model_path, Communicator& comm, const ProfileOptions& o);
+
+// Regions measured alone run faster than inside a training step (the executor's threads, the other
+// ranks' traffic, caches that a step's other work evicts). Runs `plan` — compiled with the machine
+// `profile_machine` wrote, and using every rank — for `steps` steps and returns, on rank 0, that
+// machine with "calibration": per chunk kind (F, B, U), measured over simulated time, summed over
+// ranks and steps after the first. The cost model multiplies the regions' times by it.
+std::string calibrate_machine(const std::string& machine_json, const sched::Plan& plan, const std::string& model_path,
+                              const TokenData& data, Communicator& comm, int steps, const std::string& described);
+
+}  // namespace piper::runtime

@@ -1,0 +1,104 @@
+#include "scheduler/cost_model.h"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "tests/plan_fixture.h"
+
+using namespace piper;
+using namespace piper::sched;
+using piper::testing::Planner;
+
+namespace {
+// A machine file as `piper-run --profile` writes it, for gpt8's regions: every region's chunk times
+// are `fixed + per × samples` with the numbers below, and the calibration multiplies them.
+std::string profiled_machine(const std::string& extra = "", bool all_regions = true) {
+  std::string regions;
+  for (std::string name : {"embed", "layers.0", "layers.1", "layers.2", "layers.3", "layers.4", "layers.5", "layers.6",
+                           "layers.7", "head"}) {
+    if (!all_regions && name == "layers.5") continue;
+    regions += fmt::format(R"("{}": {{"F": [0.001, 0.002], "B": [0.002, 0.004], "BI": [0.001, 0.0025], "BW": [0.0005, 0.002]}},)",
+                           name);
+  }
+  regions.pop_back();
+  return fmt::format(R"({{"name": "test", "flops": 1e9, "memory_bytes": 1e10, "memory_bandwidth": 1e10,
+    "link": {{"bandwidth": 1e9, "latency": 1e-5}}, "update": [0.0001, 1e-9],
+    "calibration": {{"F": 1.5, "B": 2, "U": 1}}, "regions": {{{}}}{}}})",
+                     regions, extra);
+}
+
+struct MachineFile {
+  std::string path;
+  explicit MachineFile(const std::string& text) : path(fmt::format("/tmp/piper_cost_model_test_{}.json", ::getpid())) {
+    std::ofstream(path) << text;
+  }
+  ~MachineFile() { std::remove(path.c_str()); }
+};
+
+std::optional<Plan> compile(Planner& f, const std::string& strategy, const std::string& machine) {
+  MachineFile file(machine);
+  PlanOptions opt;
+  opt.cmd.sets = {"pp=2", "mb=4"};
+  opt.cmd.batch_size = 8;  // 2 samples per microbatch
+  opt.machine_path = file.path;
+  return f.compile(strategy, opt);
+}
+
+double cost_of(const Plan& p, const std::string& token) {
+  for (const ir::Node& n : p.dag.nodes)
+    if (ir::token(n) == token) return p.costs.cost(p.dag, n, 1);
+  FAIL("no node " << token);
+  return 0;
+}
+}  // namespace
+
+TEST_CASE("measured region times price each piece: the sum of its regions at its microbatch size, calibrated") {
+  Planner f("gpt8");
+  auto p = compile(f, "use \"zb1p.piper\";\n", profiled_machine());
+  REQUIRE_MESSAGE(p.has_value(), f.errors());
+  CHECK(p->costs.measured(p->dag));
+  // Stage 0 is embed + layers 0..3, stage 1 layers 4..7 + head: five regions each; 2 samples.
+  const double F = 0.001 + 0.002 * 2, B = 0.002 + 0.004 * 2, BI = 0.001 + 0.0025 * 2, BW = 0.0005 + 0.002 * 2;
+  CHECK(cost_of(*p, "0F0") == doctest::Approx(5 * 1.5 * F));
+  CHECK(cost_of(*p, "1F0") == doctest::Approx(5 * 1.5 * F));
+  // The first stage takes tokens: nothing for BI, the whole backward in BW.
+  CHECK(cost_of(*p, "0BI0") == 0);
+  CHECK(cost_of(*p, "0BW0") == doctest::Approx(5 * 2 * B));
+  CHECK(cost_of(*p, "1BI0") == doctest::Approx(5 * 2 * BI));
+  CHECK(cost_of(*p, "1BW0") == doctest::Approx(5 * 2 * BW));
+}
+
+TEST_CASE("the optimizer step is priced per parameter byte of the stage") {
+  Planner f("gpt8");
+  auto p = compile(f, "use \"1f1b.piper\";\n", profiled_machine());
+  REQUIRE_MESSAGE(p.has_value(), f.errors());
+  int64_t bytes = 0;
+  for (const auto& sg : p->dag.stage(0).segments) bytes += sg.param_bytes;
+  CHECK(cost_of(*p, "0U") == doctest::Approx(0.0001 + 1e-9 * double(bytes)));
+}
+
+TEST_CASE("a region the machine file does not list is priced by FLOPs, and the plan says it is not all measured") {
+  Planner f("gpt8");
+  auto p = compile(f, "use \"1f1b.piper\";\n", profiled_machine("", false));
+  REQUIRE_MESSAGE(p.has_value(), f.errors());
+  CHECK_FALSE(p->costs.measured(p->dag));
+  CHECK(cost_of(*p, "0F0") == doctest::Approx(5 * 1.5 * (0.001 + 0.002 * 2)));  // stage 0 is all measured
+}
+
+TEST_CASE("a measured line below zero or a calibration that is not positive is refused") {
+  Planner f("gpt8");
+  std::string bad = profiled_machine();
+  bad.replace(bad.find("[0.001, 0.002]"), 14, "[-0.001, 0.002]");
+  CHECK_FALSE(compile(f, "use \"1f1b.piper\";\n", bad).has_value());
+  CHECK(f.errors().find("regions.embed: expected") != std::string::npos);
+  Planner g("gpt8");
+  std::string zero = profiled_machine();
+  zero.replace(zero.find("\"B\": 2"), 6, "\"B\": 0");
+  CHECK_FALSE(compile(g, "use \"1f1b.piper\";\n", zero).has_value());
+  CHECK(g.errors().find("\"calibration\"") != std::string::npos);
+}
