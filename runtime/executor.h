@@ -42,6 +42,14 @@ class Executor {
   // Sum and sum of squares of every model parameter (each counted once across replicas), the same
   // on every rank: compared with the reference trainer's to show the final weights agree.
   std::pair<double, double> param_checksum();
+  // Checkpoints (runtime/checkpoint.h): every rank calls these. save_checkpoint writes the state
+  // after `steps_done` steps under DIR and returns the checkpoint's path; load_checkpoint fills this
+  // plan's parameters and optimizer state from the newest checkpoint under DIR, saved by any plan of
+  // the same model, and returns its step (`note` says what was loaded).
+  std::string save_checkpoint(const std::string& dir, int64_t steps_done, const std::string& strategy);
+  int64_t load_checkpoint(const std::string& dir, std::string* note);
+  // Rank 0 writes the trained model as a TorchScript model.pt with its manifest (all ranks call it).
+  void save_model(const std::string& path);
   // What of the plan this executor cannot run; empty when the plan is supported.
   static std::vector<std::string> unsupported(const sched::Plan& plan);
 

@@ -70,9 +70,11 @@ void FlatOptimizer::step() {
 }
 
 StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense, std::vector<torch::Tensor> experts,
-                         int64_t expert_replicas, const OptimizerOptions& opt, Communicator& comm)
+                         int64_t expert_replicas, const OptimizerOptions& opt, Communicator& comm, Names dense_names,
+                         Names expert_names)
     : view_(view), comm_(comm), dense_(std::move(dense)), experts_(std::move(experts)),
-      expert_replicas_(expert_replicas), bf16_(view.facts->precision == DType::BF16), optimizer_(opt) {
+      expert_replicas_(expert_replicas), bf16_(view.facts->precision == DType::BF16), optimizer_(opt),
+      dense_names_(std::move(dense_names)), expert_names_(std::move(expert_names)) {
   torch::NoGradGuard no_grad;
   const ir::StageFacts& f = *view_.facts;
   const ir::Replication& rep = f.replication;
@@ -108,6 +110,7 @@ StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense
     }
     if (zero == 0) {
       optimizer_.add(flat_, grad_);
+      slot_at_.emplace_back(false, 0);
     } else {
       for (size_t b = 0; b < rep.buckets.size(); ++b) {
         const ir::Range mine = view_.my_shard(b);
@@ -118,6 +121,7 @@ StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense
           shard_grad_.push_back(torch::zeros({mine.size()}));
         }
         optimizer_.add(flat_.narrow(0, mine.begin, mine.size()), shard_grad_.back());
+        slot_at_.emplace_back(false, mine.begin);
       }
     }
   } else {
@@ -145,6 +149,7 @@ StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense
         shard_grad_.push_back(torch::zeros({mine.size()}));
       }
       optimizer_.add(shard_param_.back(), shard_grad_.back());
+      slot_at_.emplace_back(false, mine.begin);
       resize_storage(storage, 0);
       unit_.push_back(storage);
     }
@@ -173,6 +178,7 @@ StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense
       at += p.numel();
     }
     optimizer_.add(expert_flat_, expert_grad_);
+    slot_at_.emplace_back(true, 0);
   }
   for (auto& p : dense_) p.set_requires_grad(true);
   for (auto& p : experts_) p.set_requires_grad(true);
@@ -382,6 +388,50 @@ std::pair<double, double> StageParams::checksum(bool owner_of_replicated) const 
   }
   if (expert_flat_.defined()) add(expert_flat_);
   return {sum, sumsq};
+}
+
+void StageParams::pieces(bool expert, int64_t at, const torch::Tensor& value, const torch::Tensor& m, const torch::Tensor& v,
+                         std::vector<StatePiece>& out) const {
+  const std::vector<torch::Tensor>& params = expert ? experts_ : dense_;
+  const Names& names = expert ? expert_names_ : dense_names_;
+  const int64_t end = at + value.numel();
+  int64_t offset = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t p0 = expert ? offset : offset_[i], n = params[i].numel();
+    offset += n;
+    const int64_t a = std::max(at, p0), b = std::min(end, p0 + n);
+    if (a >= b) continue;
+    auto part = [&](const torch::Tensor& t) { return t.defined() ? t.narrow(0, a - at, b - a) : torch::Tensor(); };
+    out.push_back(StatePiece{names.at(i).first, names.at(i).second, n, a - p0, b - p0, part(value), part(m), part(v)});
+  }
+}
+
+std::vector<StatePiece> StageParams::saved_state(bool owner_of_replicated) const {
+  std::vector<StatePiece> out;
+  const bool replicated_whole = !view_.replicated() || view_.zero() == 0;
+  const auto& slots = optimizer_.slots();
+  for (size_t k = 0; k < slots.size(); ++k) {
+    const auto [expert, at] = slot_at_[k];
+    if (!expert && replicated_whole && !owner_of_replicated) continue;
+    pieces(expert, at, slots[k].param, slots[k].exp_avg, slots[k].exp_avg_sq, out);
+  }
+  return out;
+}
+
+std::vector<StatePiece> StageParams::loaded_state() {
+  std::vector<StatePiece> out;
+  const auto& slots = optimizer_.slots();
+  for (size_t k = 0; k < slots.size(); ++k)
+    pieces(slot_at_[k].first, slot_at_[k].second, slots[k].param, slots[k].exp_avg, slots[k].exp_avg_sq, out);
+  if (view_.replicated() && (view_.zero() == 1 || view_.zero() == 2))  // the full parameters, beyond the shards
+    pieces(false, 0, flat_, {}, {}, out);
+  return out;
+}
+
+void StageParams::loaded(int64_t optimizer_steps) {
+  torch::NoGradGuard no_grad;
+  optimizer_.set_steps(optimizer_steps);
+  if (bf16_ && compute_.defined()) compute_.copy_(flat_);  // the modules' bf16 copy of the masters
 }
 
 }  // namespace piper::runtime

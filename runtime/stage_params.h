@@ -28,14 +28,26 @@ class FlatOptimizer {
   void add(torch::Tensor param, torch::Tensor grad);
   void step();
   int64_t state_bytes() const;
+  struct Slot {
+    torch::Tensor param, grad, exp_avg, exp_avg_sq;  // moments undefined for SGD
+  };
+  const std::vector<Slot>& slots() const { return slots_; }
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t n) { steps_ = n; }  // a resumed run continues the bias correction
 
  private:
-  struct Slot {
-    torch::Tensor param, grad, exp_avg, exp_avg_sq;
-  };
   OptimizerOptions o_;
   std::vector<Slot> slots_;
   int64_t steps_ = 0;
+};
+
+// One parameter's elements [begin, end) of its flattened tensor and where this rank keeps them:
+// the unit of a checkpoint, keyed by the model's names, not by ranks (runtime/checkpoint.h).
+struct StatePiece {
+  std::string region, param;  // the manifest's region name and the parameter's name in it
+  int64_t numel = 0;          // the whole parameter's elements
+  int64_t begin = 0, end = 0;
+  torch::Tensor value, exp_avg, exp_avg_sq;  // 1-d views of end - begin elements; moments undefined: none
 };
 
 class StageParams {
@@ -43,8 +55,11 @@ class StageParams {
   // `dense`: the stage's dense parameters in layout order (facts.dense); `experts`: the parameters of
   // this rank's experts, trained here alone; their gradients come from every rank of the expert
   // group's tokens, so they are divided by `expert_replicas` (each replica's loss is its own mean).
+  // `dense_names` and `expert_names` name them ({region, parameter}) for checkpoints.
+  using Names = std::vector<std::pair<std::string, std::string>>;
   StageParams(const StageView& view, std::vector<torch::Tensor> dense, std::vector<torch::Tensor> experts,
-              int64_t expert_replicas, const OptimizerOptions& opt, Communicator& comm);
+              int64_t expert_replicas, const OptimizerOptions& opt, Communicator& comm, Names dense_names,
+              Names expert_names);
 
   void start_step();  // gradients to zero
   // The backward of a piece over `range` for microbatch `mb` starts / ends (ZeRO-2/3: its gradients
@@ -60,6 +75,15 @@ class StageParams {
   void update();
   // Sum and sum of squares of what this rank owns (its shards, or everything on replica 0).
   std::pair<double, double> checksum(bool owner_of_replicated) const;
+  // What a checkpoint saves from this rank: the optimizer's parameters and moments it updates —
+  // its shards, or (replicated) everything when it is the owner — each element of the model once
+  // over all ranks.
+  std::vector<StatePiece> saved_state(bool owner_of_replicated) const;
+  // What loading fills: those, and the full parameters a rank also holds (ZeRO-1/2). After filling
+  // them call loaded().
+  std::vector<StatePiece> loaded_state();
+  void loaded(int64_t optimizer_steps);
+  int64_t optimizer_steps() const { return optimizer_.steps(); }
 
  private:
   const StageView& view_;
@@ -79,12 +103,17 @@ class StageParams {
   std::vector<bool> reduced_;   // ZeRO-2/3: this step's first reduction of a shard is done
   std::map<std::pair<int32_t, size_t>, torch::Tensor> mb_grads_;  // ZeRO-2/3: (microbatch, bucket) -> gradients
   FlatOptimizer optimizer_;
+  Names dense_names_, expert_names_;
+  std::vector<std::pair<bool, int64_t>> slot_at_;  // per optimizer slot: (expert layout?, first element)
   mutable std::mutex mu_;  // compute and comm streams share the maps above
 
   std::vector<size_t> params_in(const ir::Range& r) const;
   std::vector<size_t> units_in(const ir::Range& r) const;
   std::vector<size_t> buckets_in(const ir::Range& r) const;
   std::vector<size_t> relative(const std::vector<int64_t>& shards) const;
+  // The pieces of layout elements [at, at + len) (dense or expert layout) held in the given tensors.
+  void pieces(bool expert, int64_t at, const torch::Tensor& value, const torch::Tensor& m, const torch::Tensor& v,
+              std::vector<StatePiece>& out) const;
 };
 
 // The tensor of parameter `name` ("w" or "sub.w") of a module.

@@ -107,7 +107,8 @@ int main(int argc, char** argv) {
   CLI::App app{"piper-run: train MODEL with STRATEGY; under mpirun, one executor per rank"};
   app.set_version_flag("--version", std::string("piper-run ") + PIPER_VERSION);
   std::string model, strategy, data_path = share_dir() + "/data/corpus.txt", metrics_path, trace_path;
-  std::string optimizer = "adamw", memory_limit, profile_path, machine_path;
+  std::string optimizer = "adamw", memory_limit, profile_path, machine_path, checkpoint_dir, resume_dir, save_model;
+  int64_t save_every = 0;
   int64_t steps = 20, batch = 8, seq_len = 0, threads = 0;
   double lr = 1e-3;
   uint64_t seed = 0;
@@ -132,6 +133,13 @@ int main(int argc, char** argv) {
                  "measure this machine instead of training: each region's F/B/BI/BW, the optimizer, the links; "
                  "writes a machine description for --machine (run it as you will train: same ranks and threads)");
   app.add_option("--machine", machine_path, "schedule with the costs of a machine description (from --profile)");
+  app.add_option("--checkpoint", checkpoint_dir,
+                 "write checkpoints under DIR (step-N folders, the previous one removed once the new one is complete)");
+  app.add_option("--save-every", save_every, "with --checkpoint: every N steps (default: after the last step)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--resume", resume_dir,
+                 "continue from the newest checkpoint under DIR, saved by any strategy for this model, to --steps");
+  app.add_option("--save-model", save_model, "write the trained model as a TorchScript model.pt with its manifest");
   try {
     app.parse(argc, argv);
     if (strategy.empty() && profile_path.empty()) throw CLI::RequiredError("STRATEGY");
@@ -235,10 +243,16 @@ int main(int argc, char** argv) {
                  plan->dag.facts.stages.size(), plan->dag.facts.microbatches, plan->samples_per_microbatch(), t);
     std::ofstream metrics;
     if (lead && !metrics_path.empty()) metrics.open(metrics_path);
+    int64_t first = 0;
+    if (!resume_dir.empty()) {
+      std::string note;
+      first = ex.load_checkpoint(resume_dir, &note);
+      if (lead) fmt::print("piper-run: {}\n", note);
+    }
     if (limit) set_memory_limit(comm->rank(), static_cast<int64_t>(*limit));
     const bool tty = isatty(1);
     std::vector<std::pair<int64_t, StepResult>> spans;
-    for (int64_t s = 0; s < steps; ++s) {
+    for (int64_t s = first; s < steps; ++s) {
       StepResult r = ex.step(s);
       double tps = double(batch * seq) / r.seconds;
       const StepMemory mem = gather_memory(*comm, r.memory);
@@ -267,6 +281,14 @@ int main(int argc, char** argv) {
         }
       }
       if (!trace_path.empty()) spans.emplace_back(s, std::move(r));
+      if (!checkpoint_dir.empty() && ((save_every > 0 && (s + 1) % save_every == 0) || s + 1 == steps)) {
+        const std::string at = ex.save_checkpoint(checkpoint_dir, s + 1, strategy);
+        if (lead) fmt::print("piper-run: checkpoint {}\n", at);
+      }
+    }
+    if (!save_model.empty()) {
+      ex.save_model(save_model);
+      if (lead) fmt::print("piper-run: wrote the trained model to {}\n", save_model);
     }
     if (!trace_path.empty()) write_trace(*comm, spans, trace_path);
     auto [sum, sumsq] = ex.param_checksum();
