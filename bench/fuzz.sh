@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes the front end (parse + check + print + re-check) with libFuzzer, ASan and UBSan.
-# Usage: bench/fuzz.sh [SECONDS=60] [extra libFuzzer flags]. Seeds: tests/errors and strategies/.
+# Usage: bench/fuzz.sh [SECONDS=60] [extra libFuzzer flags]. Seeds: tests/errors and strategies/;
+# dictionary: bench/fuzz/piper.dict (keywords, integers at the edges, long and deep fragments).
 # Reports the number of inputs run; a crash leaves crash-* files and a reproducer command.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,7 +19,7 @@ cp -n "$root"/tests/errors/*.piper "$root"/tests/errors/inputs/*.piper "$root"/s
 cd "$build"
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=detect_leaks=1
 # max_len: strategies are short; timeout: no single input may take seconds (a hang is a bug).
-"$build/bench/fuzz/piper-fuzz" "$corpus" -max_total_time="$seconds" -max_len=4096 -timeout=10 \
+"$build/bench/fuzz/piper-fuzz" "$corpus" -dict="$root/bench/fuzz/piper.dict" -max_total_time="$seconds" -max_len=4096 -timeout=10 \
   -rss_limit_mb=4096 -print_final_stats=1 "$@" 2>&1 | tee "$build/fuzz.log" | grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|==[0-9]+==ERROR|SUMMARY)" || true
 if grep -qE "ERROR: libFuzzer|runtime error|ERROR: AddressSanitizer|ERROR: LeakSanitizer" "$build/fuzz.log" ||
    ! grep -q "stat::number_of_executed_units" "$build/fuzz.log"; then

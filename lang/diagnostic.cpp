@@ -12,7 +12,9 @@ Diagnostic& DiagnosticEngine::add(Severity s, SourceLoc loc, std::string message
   d.loc = loc;
   d.message = std::move(message);
   // Innermost use-site first, like clang's "in file included from".
-  for (auto it = context_.rbegin(); it != context_.rend(); ++it) d.notes.push_back(*it);
+  const std::vector<Note>* chain = &context_;
+  if (auto it = file_chain_.find(loc.file); context_.empty() && it != file_chain_.end()) chain = &it->second;
+  for (auto it = chain->rbegin(); it != chain->rend(); ++it) d.notes.push_back(*it);
   if (s == Severity::Error) ++errors_;
   return d;
 }

@@ -2,6 +2,7 @@
 #pragma once
 #include <deque>
 #include <iosfwd>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,10 @@ class DiagnosticEngine {
   void push_context(SourceLoc loc, std::string message) { context_.push_back({loc, std::move(message)}); }
   void pop_context() { context_.pop_back(); }
   const std::vector<Note>& context() const { return context_; }
+  // The use chain that reached `file` (the active context, recorded the first time the file is
+  // entered): errors found in the file later — whole-strategy checks, once the `use` has
+  // returned — still get its "used here" notes.
+  void enter_file(FileId file) { file_chain_.try_emplace(file, context_); }
 
   size_t error_count() const { return errors_; }
   bool has_errors() const { return errors_ > 0; }
@@ -57,6 +62,7 @@ class DiagnosticEngine {
   const SourceManager& sources_;
   std::deque<Diagnostic> diags_;
   std::vector<Note> context_;
+  std::map<FileId, std::vector<Note>> file_chain_;
   size_t errors_ = 0;
 };
 

@@ -54,6 +54,7 @@ void Checker::stmt(const ast::UseStmt& u, const ast::Stmt& s, Env& env, UseConte
   if (!used) return;
   stack_.push_back(canon);
   diags_.push_context(s.loc, fmt::format("in strategy \"{}\" used here", u.path));
+  diags_.enter_file(used->id);
   auto outer_sequences = std::exchange(sequences_, {});  // a used file's orders are its own
   run_file(*used, inner);
   sequences_ = std::move(outer_sequences);

@@ -82,7 +82,8 @@ def build_manifest(model, example, sequence, regions=(), kinds=None, name=None):
         def hook(mod, inputs, output, r=r):
             shapes.setdefault(r, (inputs[0], output))
         hooks.append(m.register_forward_hook(hook))
-    model.eval()
+    was_training = model.training
+    model.eval()  # dropout off while the chain is compared with the whole
     with torch.no_grad():
         x = example
         for r in sequence:
@@ -92,6 +93,7 @@ def build_manifest(model, example, sequence, regions=(), kinds=None, name=None):
         whole = model(example)
     for h in hooks:
         h.remove()
+    model.train(was_training)  # the caller's mode, as it was
     if not isinstance(whole, torch.Tensor) or whole.shape != x.shape or not torch.allclose(whole, x, atol=1e-5, rtol=1e-5):
         raise ExportError("the sequence regions chained do not reproduce the model's forward; "
                           f"sequence was {sequence}")
@@ -132,10 +134,14 @@ def build_manifest(model, example, sequence, regions=(), kinds=None, name=None):
 def export(model, example, path, sequence, regions=(), kinds=None, name=None):
     """Script the model, measure the manifest, save both to ``path``. Returns the manifest."""
     manifest = build_manifest(model, example, sequence, regions, kinds, name)
+    was_training = model.training
+    model.train()  # saved in training mode: piper-run trains it (dropout as the model says)
     try:
         scripted = torch.jit.script(model)
     except Exception as e:  # TorchScript's errors are long; keep the first lines
         raise ExportError("the model cannot be scripted with torch.jit.script:\n" + "\n".join(str(e).splitlines()[:12]))
+    finally:
+        model.train(was_training)
     torch.jit.save(scripted, path, _extra_files={MANIFEST_FILE: json.dumps(manifest, indent=1)})
     return manifest
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The exporter round trip: a nanoGPT-like model defined here is exported, then the C++ side loads
 it (piper-model verify: regions chained == whole model, forward and gradients) and checks a
-strategy against it (piper-check). Usage: test_piper_export.py PIPER_MODEL PIPER_CHECK STRATEGY_DIR"""
+strategy against it (piper-check). Dropout trains in piper-run. Usage: test_piper_export.py PIPER_MODEL PIPER_CHECK STRATEGY_DIR PIPER_RUN"""
 import os
 import subprocess
 import sys
@@ -46,21 +46,22 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-    def __init__(self, d):
+    def __init__(self, d, dropout=0.0):
         super().__init__()
         self.ln = nn.LayerNorm(d)
         self.fc = nn.Linear(d, 4 * d)
         self.proj = nn.Linear(4 * d, d)
+        self.drop = nn.Dropout(dropout)
 
     def forward(self, x):
-        return x + self.proj(F.gelu(self.fc(self.ln(x))))
+        return x + self.drop(self.proj(F.gelu(self.fc(self.ln(x)))))
 
 
 class Block(nn.Module):
-    def __init__(self, d, heads):
+    def __init__(self, d, heads, dropout=0.0):
         super().__init__()
         self.attn = Attention(d, heads)
-        self.mlp = Mlp(d)
+        self.mlp = Mlp(d, dropout)
 
     def forward(self, x):
         return self.mlp(self.attn(x))
@@ -77,10 +78,10 @@ class Head(nn.Module):
 
 
 class NanoGPT(nn.Module):
-    def __init__(self, vocab=256, seq=32, d=32, heads=4, layers=4):
+    def __init__(self, vocab=256, seq=32, d=32, heads=4, layers=4, dropout=0.0):
         super().__init__()
         self.embed = Embed(vocab, seq, d)
-        self.layers = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+        self.layers = nn.ModuleList([Block(d, heads, dropout) for _ in range(layers)])
         self.head = Head(d, vocab)
 
     def forward(self, idx):
@@ -91,7 +92,7 @@ class NanoGPT(nn.Module):
 
 
 def main():
-    piper_model, piper_check, strategies = sys.argv[1:4]
+    piper_model, piper_check, strategies, piper_run = sys.argv[1:5]
     torch.manual_seed(0)
     model = NanoGPT()
     example = torch.zeros(1, 32, dtype=torch.long)
@@ -120,6 +121,36 @@ def main():
             raise AssertionError("expected an ExportError")
         except piper_export.ExportError as e:
             assert "do not reproduce the model's forward" in str(e), e
+
+        # Training mode: the caller's mode is restored, the file is saved in training mode, and
+        # piper-run trains with dropout as the model says — reproducibly.
+        def first_loss(p):
+            out = subprocess.run([piper_run, p, os.path.join(strategies, "single.piper"), "--steps", "1",
+                                  "--batch-size", "4", "--threads", "1"], check=True, capture_output=True, text=True)
+            return [line.split()[3] for line in out.stdout.splitlines() if line.startswith("step")][0]
+        losses = {}
+        for p in (0.0, 0.5):
+            torch.manual_seed(0)
+            m_p = NanoGPT(dropout=p)
+            m_p.eval()
+            path_p = os.path.join(tmp, f"drop{p}.pt")
+            piper_export.export(m_p, example, path_p, seq, kinds={"layers": "block"})
+            assert not m_p.training, "the exporter must leave the caller's module in its mode"
+            assert torch.jit.load(path_p).training, "the model must be saved in training mode"
+            losses[p] = first_loss(path_p)
+        subprocess.run([piper_model, "verify", os.path.join(tmp, "drop0.5.pt")], check=True)  # dropout off for the check
+        assert losses[0.5] != losses[0.0], f"dropout 0.5 trains like dropout 0: {losses}"
+        assert first_loss(os.path.join(tmp, "drop0.5.pt")) == losses[0.5], "dropout is not reproducible run to run"
+
+        # Tied weights (the head's matrix is the embedding's) are refused, not trained apart.
+        torch.manual_seed(0)
+        tied = NanoGPT()
+        tied.head.out.weight = tied.embed.wte.weight
+        tied_path = os.path.join(tmp, "tied.pt")
+        piper_export.export(tied, example, tied_path, seq, kinds={"layers": "block"})
+        out = subprocess.run([piper_run, tied_path, os.path.join(strategies, "single.piper"), "--steps", "1"],
+                             capture_output=True, text=True)
+        assert out.returncode != 0 and "are one tensor (tied weights)" in out.stdout + out.stderr, out
     print("test_piper_export: all passed")
 
 

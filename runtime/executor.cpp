@@ -8,7 +8,9 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <set>
+#include <thread>
 
 #include "runtime/checkpoint.h"
 #include "runtime/chunk_runner.h"
@@ -52,6 +54,37 @@ struct Executor::Impl {
   torch::Tensor tokens;  // this replica's samples of the step: [replica batch, seq + 1]
 
   std::string model_path;
+  int64_t cur_step = 0;  // 1-based, for fault injection
+  // Fault injection for tests (PIPER_FAULT=RANK:STEP:TOKEN:fail|stall|drop): op TOKEN of 1-based
+  // STEP on RANK throws, never returns, or (a send) is not sent.
+  struct Fault {
+    int rank = -1;
+    int64_t step = 0;
+    std::string token, kind;
+  };
+  std::optional<Fault> fault;
+  static std::optional<Fault> parse_fault(const char* spec) {
+    if (!spec || !*spec) return std::nullopt;
+    Fault f;
+    std::vector<std::string> parts;
+    std::string cur;
+    for (const char* c = spec;; ++c) {
+      if (*c == ':' || *c == 0) {
+        parts.push_back(cur);
+        cur.clear();
+        if (*c == 0) break;
+      } else {
+        cur += *c;
+      }
+    }
+    if (parts.size() != 4 || (parts[3] != "fail" && parts[3] != "stall" && parts[3] != "drop"))
+      throw std::runtime_error(fmt::format("PIPER_FAULT='{}': expected RANK:STEP:TOKEN:fail|stall|drop", spec));
+    f.rank = std::stoi(parts[0]);
+    f.step = std::stoll(parts[1]);
+    f.token = parts[2];
+    f.kind = parts[3];
+    return f;
+  }
 
   Impl(const sched::Plan& p, const std::string& path, const TokenData& d, Communicator& c, ExecutorOptions o)
       : plan(p), g(p.dag), data(d), comm(c), opt(std::move(o)), model(path), model_path(path),
@@ -73,6 +106,10 @@ struct Executor::Impl {
     set_memory_rank(comm.rank());
     plain_interpreter();
     auto& impl = model.impl();
+    // Training mode (dropout as the model says), with a per-rank seed: reproducible run to run under
+    // one strategy; masks differ between strategies, so they agree only where dropout is 0.
+    impl.root.train(true);
+    torch::manual_seed(opt.seed * 1000003ull + static_cast<uint64_t>(comm.rank()));
     seq = model_seq = impl.seq_len;
     if (opt.seq_len > 0) {
       if (opt.seq_len > seq)
@@ -169,6 +206,8 @@ struct Executor::Impl {
       }
     unread = std::make_unique<std::atomic<int>[]>(g.nodes.size());
     threads = std::make_unique<StreamThreads>(g, view.program(plan), view.local_preds, comm.rank(), [] { plain_interpreter(); });
+    threads->set_op_timeout(opt.op_timeout);
+    fault = parse_fault(std::getenv("PIPER_FAULT"));
   }
 
   // The child region of `under` with this kind (attention, router).
@@ -315,6 +354,12 @@ struct Executor::Impl {
   // Runs an op, then lets go of what its predecessors produced once their last consumer ran, so
   // boundary activations and gradients live as long as they are needed, not the whole step.
   void run(NodeId v) {
+    if (fault && fault->rank == comm.rank() && fault->step == cur_step && fault->token == ir::token(node(v))) {
+      if (fault->kind == "fail") throw std::runtime_error("injected fault (PIPER_FAULT)");
+      if (fault->kind == "stall")
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // until the watchdog ends the job
+      if (fault->kind == "drop" && node(v).op == Op::Send) return;     // the peer never gets it
+    }
     run_op(v);
     for (NodeId u : data_preds[static_cast<size_t>(v)])
       if (--unread[static_cast<size_t>(u)] == 0) values[static_cast<size_t>(u)].clear();
@@ -345,6 +390,7 @@ struct Executor::Impl {
   // ------------------------------------------------------------------ a step
   StepResult step(int64_t s) {
     StepResult res;
+    cur_step = s + 1;
     auto t0 = std::chrono::steady_clock::now();
     reset_memory_peak(comm.rank());
     const int64_t per_replica = opt.global_batch / view.replicas;

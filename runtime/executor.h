@@ -20,6 +20,7 @@ struct ExecutorOptions {
   std::string optimizer = "adamw";  // adamw | sgd
   uint64_t seed = 0;                // data order
   int64_t seq_len = 0;              // tokens per sample; 0: the model's (at most the model's)
+  double op_timeout = 0;            // seconds an op may run or wait before the watchdog ends the job (0: never)
 };
 
 struct StepResult {

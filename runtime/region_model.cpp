@@ -5,6 +5,7 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -63,6 +64,19 @@ RegionModel::RegionModel(const std::string& path) : impl_(std::make_unique<Impl>
       throw std::runtime_error(fmt::format("{}: region '{}': {}", path, n, e.what()));
     }
   }
+  // Tied weights (one tensor under two names, e.g. an embedding and the output head) would become
+  // independent copies on different stages, or be stepped twice on one: refused until the manifest
+  // can declare ties and the plan keep them in sync.
+  std::map<const void*, std::string> seen;
+  for (const auto& p : impl_->root.named_parameters()) {
+    if (p.value.numel() == 0) continue;
+    auto [it, fresh] = seen.emplace(p.value.data_ptr(), p.name);
+    if (!fresh)
+      throw std::runtime_error(fmt::format("{}: parameters '{}' and '{}' are one tensor (tied weights); Piper cannot keep "
+                                           "tied copies in sync yet, so it refuses rather than train them apart: untie "
+                                           "them (give each its own parameter) or train with one device elsewhere",
+                                           path, it->second, p.name));
+  }
   impl_->seq_len = j.contains("input") ? j["input"]["shape"][0].get<int64_t>() : 0;
   impl_->vocab = j["model"]["config"].value("vocab", 0);
   for (auto p : impl_->root.parameters()) p.set_requires_grad(true);
@@ -75,6 +89,7 @@ const std::vector<std::string>& RegionModel::sequence() const { return impl_->se
 
 RegionCheck RegionModel::check_regions(int64_t batch, uint64_t seed) {
   torch::manual_seed(seed);
+  impl_->root.eval();  // dropout off: the whole and the chain must see the same function
   int64_t vocab = impl_->vocab > 0 ? impl_->vocab : 256;
   auto tokens = torch::randint(vocab, {batch, impl_->seq_len + 1}, torch::kLong);
   auto idx = tokens.slice(1, 0, impl_->seq_len), targets = tokens.slice(1, 1);

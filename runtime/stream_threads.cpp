@@ -1,6 +1,9 @@
 #include "runtime/stream_threads.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstdio>
 
 #include "runtime/memory_counter.h"
 
@@ -8,7 +11,8 @@ namespace piper::runtime {
 
 StreamThreads::StreamThreads(const ir::Graph& g, const sched::ClassProgram& program,
                              const std::vector<std::vector<ir::NodeId>>& preds, int rank, std::function<void()> thread_init)
-    : g_(g), program_(program), preds_(preds), rank_(rank), thread_init_(std::move(thread_init)), done_(g.nodes.size(), 0) {
+    : g_(g), program_(program), preds_(preds), rank_(rank), thread_init_(std::move(thread_init)), done_(g.nodes.size(), 0),
+      heads_(program.streams.size()) {
   for (size_t s = 0; s < program_.streams.size(); ++s) threads_.emplace_back([this, s] { loop(s); });
 }
 
@@ -37,10 +41,57 @@ std::string StreamThreads::run(int64_t step, const RunOp& op, const OnFailure& o
   on_failure_ = &on_failure;
   spans_ = spans;
   t0_ = std::chrono::steady_clock::now();
+  for (auto& h : heads_) h = Head{-1, false, t0_};
   ++generation_;
   cv_.notify_all();
-  cv_.wait(lk, [&] { return finished_ == threads_.size(); });
+  // The watchdog: this thread wakes every second while the streams work.
+  while (!cv_.wait_for(lk, std::chrono::seconds(1), [&] { return finished_ == threads_.size(); })) {
+    if (op_timeout_ <= 0 || !failure_.empty()) continue;
+    const std::string report = stuck_report(std::chrono::steady_clock::now());
+    if (report.empty()) continue;
+    failure_ = report;
+    cv_.notify_all();
+    lk.unlock();
+    // Peers stuck with this rank time out within a second or two: let them print their streams
+    // before the job ends, so the output shows every rank's.
+    std::fprintf(stderr, "%s\n", report.c_str());
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    try {
+      on_failure(fmt::format("rank {}, step {}: an op exceeded --op-timeout {} s (streams above)", rank_, step, op_timeout_));
+    } catch (const std::exception&) {
+    }
+    lk.lock();
+    cv_.wait(lk, [&] { return finished_ == threads_.size(); });  // reached only where on_failure returns (tests)
+  }
   return failure_;
+}
+
+std::string StreamThreads::stuck_report(std::chrono::steady_clock::time_point now) const {
+  auto secs = [&](const Head& h) { return std::chrono::duration<double>(now - h.since).count(); };
+  bool stuck = false;
+  for (const Head& h : heads_) stuck |= h.op >= 0 && secs(h) > op_timeout_;
+  if (!stuck) return "";
+  std::string out = fmt::format("rank {}, step {}: watchdog: an op ran or waited longer than --op-timeout {} s; its streams:", rank_,
+                                step_, op_timeout_);
+  for (size_t s = 0; s < heads_.size(); ++s) {
+    const Head& h = heads_[s];
+    std::string what;
+    if (h.op < 0) {
+      what = "finished the step";
+    } else if (h.running) {
+      what = fmt::format("running {} for {:.1f} s", ir::token(g_.nodes[static_cast<size_t>(h.op)]), secs(h));
+    } else {
+      std::vector<std::string> waits;
+      for (ir::NodeId u : preds_[static_cast<size_t>(h.op)])
+        if (!done_[static_cast<size_t>(u)]) waits.push_back(ir::token(g_.nodes[static_cast<size_t>(u)]));
+      what = fmt::format("{} waits {:.1f} s for {}", ir::token(g_.nodes[static_cast<size_t>(h.op)]), secs(h),
+                         fmt::join(waits, ", "));
+    }
+    out += fmt::format("\n  rank {} | {:<10} | {}{}", rank_, g_.streams[program_.streams[s].stream], what,
+                       h.op >= 0 && secs(h) > op_timeout_ ? "   <-- STUCK" : "");
+  }
+  return out;
 }
 
 void StreamThreads::loop(size_t s) {
@@ -59,8 +110,10 @@ void StreamThreads::loop(size_t s) {
     for (ir::NodeId v : prog.ops) {
       {
         std::unique_lock lk(mu_);
+        heads_[s] = Head{v, false, std::chrono::steady_clock::now()};
         cv_.wait(lk, [&] { return !failure_.empty() || ready(v); });
         if (!failure_.empty()) break;
+        heads_[s] = Head{v, true, std::chrono::steady_clock::now()};
       }
       const auto a = std::chrono::steady_clock::now();
       std::string error;
@@ -95,6 +148,7 @@ void StreamThreads::loop(size_t s) {
       cv_.notify_all();
     }
     std::lock_guard lk(mu_);
+    heads_[s].op = -1;
     ++finished_;
     cv_.notify_all();
   }

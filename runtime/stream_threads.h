@@ -1,6 +1,7 @@
 // The stream threads of one rank: a thread per logical stream of its program, kept for the whole
 // run. Each step every thread runs its stream's ops in order, each once its predecessors on this
-// rank are done (events across streams); the first failure stops them all.
+// rank are done (events across streams); the first failure stops them all. A watchdog reports any
+// op that runs or waits past a timeout, stream by stream, and ends the job.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -38,10 +39,15 @@ class StreamThreads {
   // Runs every stream's ops of one step (1-based `step` in messages). Returns the first failure,
   // "rank R, step S, op T on stream N: what", or "" when all ran.
   std::string run(int64_t step, const RunOp& op, const OnFailure& on_failure, std::vector<OpSpan>* spans);
+  // An op that runs, or waits for its events, longer than this fails the step with a report of
+  // every stream (0: never). Set before run().
+  void set_op_timeout(double seconds) { op_timeout_ = seconds; }
 
  private:
   void loop(size_t stream);
   bool ready(ir::NodeId v) const;  // under mu_
+  // Under mu_: the report when some stream is stuck past the timeout, else "".
+  std::string stuck_report(std::chrono::steady_clock::time_point now) const;
 
   const ir::Graph& g_;
   const sched::ClassProgram& program_;
@@ -61,6 +67,15 @@ class StreamThreads {
   const OnFailure* on_failure_ = nullptr;
   std::vector<OpSpan>* spans_ = nullptr;
   std::chrono::steady_clock::time_point t0_;
+  double op_timeout_ = 0;
+  // Per stream: the op at its head (-1: finished the step), whether it runs (else it waits for its
+  // events), and since when.
+  struct Head {
+    ir::NodeId op = -1;
+    bool running = false;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::vector<Head> heads_;
 };
 
 }  // namespace piper::runtime

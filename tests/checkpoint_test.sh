@@ -5,15 +5,7 @@
 # plain DP loads into ZeRO-3 shards. Corrupt, partial and mismatched checkpoints are refused with
 # a clear message; a save that died half-way is ignored. --save-model writes a model.pt that
 # PyTorch loads (trainable parameters, the trained values) and piper-run trains from.
-set -uo pipefail
-run=$1 model_bin=$2
-root=$(cd "$(dirname "$0")/.." && pwd)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-"$model_bin" gpt --layers 4 --d-model 32 --ffn 64 --seq 16 -o "$tmp/m.pt" >/dev/null
+source "$(dirname "$0")/mpi_test_lib.sh"
 "$model_bin" gpt --layers 2 --d-model 32 --ffn 64 --seq 16 -o "$tmp/other.pt" >/dev/null
 common=(--data "$root/data/corpus.txt" --batch-size 8 --lr 1e-2 --threads 1)
 piper() {  # piper NP OUT STRATEGY args... (OUT: its output, for messages)
@@ -96,5 +88,4 @@ PY
 timeout 60 "$run" "$tmp/trained.pt" "$root/strategies/single.piper" "${common[@]}" --steps 1 >"$tmp/again.txt" 2>&1 ||
   fail "piper-run trains the saved model: $(cat "$tmp/again.txt")"
 
-if ((fails)); then echo "checkpoint_test: $fails failed"; exit 1; fi
-echo "checkpoint_test: all passed"
+finish checkpoint_test

@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
   std::string model, strategy, data_path = share_dir() + "/data/corpus.txt", metrics_path, trace_path;
   std::string optimizer = "adamw", memory_limit, profile_path, machine_path, checkpoint_dir, resume_dir, save_model;
   int64_t save_every = 0;
+  double op_timeout = 300;
   int64_t steps = 20, batch = 8, seq_len = 0, threads = 0;
   double lr = 1e-3;
   uint64_t seed = 0;
@@ -139,6 +140,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--resume", resume_dir,
                  "continue from the newest checkpoint under DIR, saved by any strategy for this model, to --steps");
+  app.add_option("--op-timeout", op_timeout,
+                 "seconds an op may run or wait before a watchdog reports every stream and ends the job (0: never)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--save-model", save_model, "write the trained model as a TorchScript model.pt with its manifest");
   try {
     app.parse(argc, argv);
@@ -236,7 +241,7 @@ int main(int argc, char** argv) {
   try {
     TokenData data(data_path);
     set_intra_op_threads(t);
-    Executor ex(*plan, model, data, *comm, ExecutorOptions{batch, lr, optimizer, seed, seq_len});
+    Executor ex(*plan, model, data, *comm, ExecutorOptions{batch, lr, optimizer, seed, seq_len, op_timeout});
     int64_t seq = seq_len > 0 ? seq_len : plan->manifest.regions[static_cast<size_t>(plan->manifest.sequence.front())].input->shape[0];
     if (lead)
       fmt::print("piper-run: {} ranks, {} stages, {} microbatches of {} samples, {} threads per rank\n", comm->size(),

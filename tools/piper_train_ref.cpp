@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -42,9 +43,23 @@ int main(int argc, char** argv) {
     // Mixed precision: the optimizer steps fp32 masters; the model computes with bf16 copies.
     const bool bf16 = precision == "bf16";
     std::vector<torch::Tensor> params, compute;
-    for (auto p : model.parameters()) params.push_back(p.detach().clone().requires_grad_(true));
-    if (bf16) model.to(torch::kBFloat16);
-    for (auto p : model.parameters()) {
+    // A tensor shared under two names (tied weights) is one parameter: stepped once, as PyTorch's
+    // own parameters() yields it.
+    std::vector<torch::Tensor> unique;
+    std::set<const void*> seen;
+    for (auto p : model.parameters())
+      if (seen.insert(p.data_ptr()).second) unique.push_back(p);
+    for (auto& p : unique) params.push_back(p.detach().clone().requires_grad_(true));
+    if (bf16) {
+      model.to(torch::kBFloat16);
+      unique.clear();
+      seen.clear();
+      for (auto p : model.parameters())
+        if (seen.insert(p.data_ptr()).second) unique.push_back(p);
+    }
+    if (unique.size() != params.size())
+      throw std::runtime_error("--precision bf16 unties tied weights (the cast copies each name's tensor); use fp32");
+    for (auto p : unique) {
       p.set_requires_grad(true);
       compute.push_back(p);
     }
