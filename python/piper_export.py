@@ -14,6 +14,10 @@ As a module::
     piper_export.export(model, torch.zeros(1, 64, dtype=torch.long), "model.pt", sequence=seq,
                         regions=[f"layers.{i}.attn" for i in range(n)], kinds={"layers": "block"})
 
+Your own module names stay: ``names`` maps module paths to the region names the strategy library
+selects (``embed``, ``layers.i``, ``head``), e.g. ``names={"transformer.h": "layers"}`` makes
+``transformer.h.3`` the region ``layers.3`` (its manifest entry keeps ``module: transformer.h.3``).
+
 As a command (the factory returns the model; the example input is zeros of the given shape)::
 
     python3 piper_export.py my_model:build --example-shape 1,64 --sequence embed layers head -o model.pt
@@ -47,6 +51,15 @@ def expand(model, *names):
     return out
 
 
+def region_name(path, names):
+    """The region name of module ``path``: its longest prefix in ``names`` replaced."""
+    best = None
+    for prefix in names or {}:
+        if (path == prefix or path.startswith(prefix + ".")) and (best is None or len(prefix) > len(best)):
+            best = prefix
+    return path if best is None else names[best] + path[len(best):]
+
+
 def _spec(t):
     if not isinstance(t, torch.Tensor):
         raise ExportError(f"regions must take and return one tensor, got {type(t).__name__}")
@@ -61,7 +74,7 @@ def _tokens(t):
     return math.prod(dims) if dims else 1
 
 
-def build_manifest(model, example, sequence, regions=(), kinds=None, name=None):
+def build_manifest(model, example, sequence, regions=(), kinds=None, name=None, names=None):
     kinds = kinds or {}
     all_regions = list(sequence) + [r for r in regions if r not in sequence]
     modules = {}
@@ -114,7 +127,8 @@ def build_manifest(model, example, sequence, regions=(), kinds=None, name=None):
                 continue
             params.append({"name": pname, "shape": list(p.shape), "dtype": _DTYPES.get(p.dtype, str(p.dtype)),
                            "bytes": p.numel() * p.element_size()})
-        entry = {"name": r, "kind": kinds.get(r, kinds.get(r.split(".")[0], type(modules[r]).__name__.lower())),
+        rn = region_name(r, names)
+        entry = {"name": rn, "kind": kinds.get(rn, kinds.get(rn.split(".")[0], type(modules[r]).__name__.lower())),
                  "module": r, "params": params}
         if r in shapes:
             i, o = shapes[r]
@@ -127,13 +141,17 @@ def build_manifest(model, example, sequence, regions=(), kinds=None, name=None):
         "model": {"name": name or type(model).__name__, "arch": type(model).__name__, "config": {}},
         "input": _spec(example),
         "loss": "cross_entropy(last region output [batch, seq, vocab], next tokens [batch, seq])",
-        "sequence": list(sequence), "regions": out_regions,
+        "sequence": [region_name(r, names) for r in sequence], "regions": out_regions,
     }
 
 
-def export(model, example, path, sequence, regions=(), kinds=None, name=None):
-    """Script the model, measure the manifest, save both to ``path``. Returns the manifest."""
-    manifest = build_manifest(model, example, sequence, regions, kinds, name)
+def export(model, example, path, sequence, regions=(), kinds=None, name=None, names=None):
+    """Script the model, measure the manifest, save both to ``path``. Returns the manifest.
+    ``sequence`` and ``regions`` are module paths; ``names`` renames them (see region_name)."""
+    manifest = build_manifest(model, example, sequence, regions, kinds, name, names)
+    region_names = [r["name"] for r in manifest["regions"]]
+    if len(set(region_names)) != len(region_names):
+        raise ExportError(f"names maps two modules to one region name: {sorted(region_names)}")
     was_training = model.training
     model.train()  # saved in training mode: piper-run trains it (dropout as the model says)
     try:

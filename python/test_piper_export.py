@@ -91,6 +91,23 @@ class NanoGPT(nn.Module):
         return self.head(x)
 
 
+class OwnNames(nn.Module):
+    """The same model under its author's names: blocks at transformer.h, the head at lm."""
+
+    def __init__(self):
+        super().__init__()
+        self.wrap = Embed(256, 32, 32)
+        self.transformer = nn.Module()
+        self.transformer.h = nn.ModuleList([Block(32, 4) for _ in range(2)])
+        self.lm = Head(32, 256)
+
+    def forward(self, idx):
+        x = self.wrap(idx)
+        for block in self.transformer.h:
+            x = block(x)
+        return self.lm(x)
+
+
 def main():
     piper_model, piper_check, strategies, piper_run = sys.argv[1:5]
     torch.manual_seed(0)
@@ -141,6 +158,21 @@ def main():
         subprocess.run([piper_model, "verify", os.path.join(tmp, "drop0.5.pt")], check=True)  # dropout off for the check
         assert losses[0.5] != losses[0.0], f"dropout 0.5 trains like dropout 0: {losses}"
         assert first_loss(os.path.join(tmp, "drop0.5.pt")) == losses[0.5], "dropout is not reproducible run to run"
+
+        # The author's module names stay; the manifest names regions as the library selects them.
+        own = OwnNames()
+        own_path = os.path.join(tmp, "own.pt")
+        m = piper_export.export(own, example, own_path, piper_export.expand(own, "wrap", "transformer.h", "lm"),
+                                regions=["transformer.h.0.attn"], kinds={"layers": "block"},
+                                names={"wrap": "embed", "transformer.h": "layers", "lm": "head"})
+        assert m["sequence"] == ["embed", "layers.0", "layers.1", "head"], m["sequence"]
+        by_name = {r["name"]: r for r in m["regions"]}
+        assert by_name["layers.0.attn"]["module"] == "transformer.h.0.attn" and by_name["layers.1"]["kind"] == "block"
+        subprocess.run([piper_model, "verify", own_path], check=True)
+        subprocess.run([piper_run, own_path, os.path.join(strategies, "single.piper"), "--steps", "1"], check=True,
+                       stdout=subprocess.DEVNULL)
+        subprocess.run([piper_check, own_path, os.path.join(strategies, "1f1b.piper"), "--set", "pp=2", "--set", "mb=4"],
+                       check=True, stdout=subprocess.DEVNULL)
 
         # Tied weights (the head's matrix is the embedding's) are refused, not trained apart.
         torch.manual_seed(0)
