@@ -60,6 +60,15 @@ def region_name(path, names):
     return path if best is None else names[best] + path[len(best):]
 
 
+def describe(v):
+    """A value as an error shows it: Tensor[1, 32, 256] (float32), tuple (Tensor[1, 1, 256], None)."""
+    if isinstance(v, torch.Tensor):
+        return f"Tensor[{', '.join(map(str, v.shape))}] ({_DTYPES.get(v.dtype, str(v.dtype))})"
+    if isinstance(v, (tuple, list)):
+        return f"{type(v).__name__} (" + ", ".join(describe(e) for e in v) + ")"
+    return "None" if v is None else type(v).__name__
+
+
 def _spec(t):
     if not isinstance(t, torch.Tensor):
         raise ExportError(f"regions must take and return one tensor, got {type(t).__name__}")
@@ -97,19 +106,31 @@ def build_manifest(model, example, sequence, regions=(), kinds=None, name=None, 
         hooks.append(m.register_forward_hook(hook))
     was_training = model.training
     model.eval()  # dropout off while the chain is compared with the whole
-    with torch.no_grad():
-        x = example
-        for r in sequence:
-            y = modules[r](x)
-            shapes[r] = (x, y)
-            x = y
-        whole = model(example)
-    for h in hooks:
-        h.remove()
-    model.train(was_training)  # the caller's mode, as it was
-    if not isinstance(whole, torch.Tensor) or whole.shape != x.shape or not torch.allclose(whole, x, atol=1e-5, rtol=1e-5):
-        raise ExportError("the sequence regions chained do not reproduce the model's forward; "
-                          f"sequence was {sequence}")
+    try:
+        with torch.no_grad():
+            x = example
+            for r in sequence:
+                try:
+                    y = modules[r](x)
+                except Exception as e:  # in the user's terms: which region, fed what
+                    raise ExportError(f"region '{region_name(r, names)}' (module {r}) fails on its input "
+                                      f"{describe(x)}: {str(e).splitlines()[0]}") from None
+                if not isinstance(y, torch.Tensor):
+                    raise ExportError(f"region '{region_name(r, names)}' (module {r}) returned {describe(y)}; a region "
+                                      "returns one tensor")
+                shapes[r] = (x, y)
+                x = y
+            whole = model(example)
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)  # the caller's mode, as it was
+    if not isinstance(whole, torch.Tensor):
+        raise ExportError(f"the model's forward returned {describe(whole)}; expected one [batch, seq, vocab] tensor "
+                          "(the logits of every position)")
+    if whole.shape != x.shape or not torch.allclose(whole, x, atol=1e-5, rtol=1e-5):
+        raise ExportError("the sequence regions chained do not reproduce the model's forward "
+                          f"({describe(x)} chained, {describe(whole)} whole); sequence was {sequence}")
 
     # Each parameter belongs to the deepest region that contains it.
     owner = {}

@@ -132,6 +132,20 @@ def main():
         subprocess.run([piper_check, path, os.path.join(strategies, "1f1b.piper"), "--set", "pp=2", "--set", "mb=4"],
                        check=True, stdout=subprocess.DEVNULL)
 
+        # Errors in the user's terms: the region, what it was fed, what the forward returned.
+        class TupleOut(NanoGPT):
+            def forward(self, idx):
+                return super().forward(idx)[:, [-1]], None
+        for bad, seq_bad, want in [
+            (model, ["layers.0", "embed", "head"], "region 'layers.0' (module layers.0) fails on its input Tensor[1, 32] (int64)"),
+            (TupleOut(), seq, "the model's forward returned tuple (Tensor[1, 1, 256] (float32), None); expected one"),
+        ]:
+            try:
+                piper_export.export(bad, example, path, seq_bad)
+                raise AssertionError("expected an ExportError")
+            except piper_export.ExportError as e:
+                assert want in str(e), e
+
         # A sequence that leaves out a region does not reproduce the forward: a clear error.
         try:
             piper_export.export(model, example, path, ["embed", "layers.0", "head"])
