@@ -34,6 +34,7 @@ placeTarget : 'over' axisRef placeMode?                                   # plac
 placeMode   : 'contiguous'                                                # modeContiguous
             | 'interleaved' '(' expr ')'                                  # modeInterleaved
             | 'vshape'                                                    # modeVshape
+            | 'balanced'                                                  # modeBalanced
             ;
 coord       : NAME '=' expr ;
 

@@ -76,7 +76,7 @@ struct AssertStmt { ExprPtr cond; std::string message; };
 struct IfStmt { ExprPtr cond; Block then_block; Block else_block; };
 struct ForStmt { std::string var; ExprPtr lo, hi; Block body; };
 struct PlaceStmt {
-  enum class Mode { On, Contiguous, Interleaved, VShape };
+  enum class Mode { On, Contiguous, Interleaved, VShape, Balanced };
   std::vector<Selector> regions;
   Mode mode = Mode::On;
   AxisRef axis;                  // for the `over` forms

@@ -88,7 +88,7 @@ struct PendingOrder {
 
 // Placement bookkeeping per pipeline region, for stages and "placed twice/never".
 struct Placed {
-  int64_t coord = 0;
+  int64_t coord = 0;  // -1 until a balanced placement is cut
   std::optional<std::pair<size_t, int64_t>> group;  // (place directive, stage group) for `over` forms
   SourceLoc loc;
 };
@@ -191,6 +191,14 @@ class Checker {
   std::vector<std::string> stack_;
   std::map<std::string, const ast::File*> parsed_;
   std::vector<std::unique_ptr<ast::File>> owned_;
+  // `place ... over AXIS balanced`: cut into contiguous stages by cost once every placement is known.
+  struct Balanced {
+    size_t index;                   // the place directive's number (its stage groups)
+    std::vector<RegionId> regions;  // in sequence order
+    int64_t stages;                 // the axis size
+  };
+  std::vector<Balanced> balanced_;
+  void cut_balanced();
   SourceLoc first_mesh_, first_place_, split_loc_, first_stmt_;
   size_t place_count_ = 0;
   int64_t steps_ = 0;

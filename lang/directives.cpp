@@ -63,6 +63,7 @@ void Checker::stmt(const ast::PlaceStmt& p, const ast::Stmt& s, Env& env, UseCon
     int64_t groups = n;
     d.mode = p.mode == M::Contiguous ? PlaceDirective::Mode::Contiguous
            : p.mode == M::VShape     ? PlaceDirective::Mode::VShape
+           : p.mode == M::Balanced   ? PlaceDirective::Mode::Balanced
                                      : PlaceDirective::Mode::Interleaved;
     if (p.mode == M::Interleaved) {
       auto v = eval_int(*p.chunks, env, "interleaved()");
@@ -82,7 +83,15 @@ void Checker::stmt(const ast::PlaceStmt& p, const ast::Stmt& s, Env& env, UseCon
       groups = 2 * n;
     }
     int64_t count = static_cast<int64_t>(d.regions.size());
-    if (count % groups != 0) {
+    if (p.mode == M::Balanced) {
+      if (count < groups) {
+        diags_.error(p.regions.front().loc, fmt::format("{} regions cannot be balanced over {} stages ({}={}): every stage "
+                                                        "needs at least one",
+                                                        count, groups, d.axis, n))
+            .note(SourceLoc{}, fmt::format("selected: {}", print_regions(d.regions, m_)));
+        return;
+      }
+    } else if (count % groups != 0) {
       diags_.error(p.regions.front().loc,
                    fmt::format("{} regions cannot be cut evenly into {} stages ({} over {}={}{})", count, groups,
                                p.mode == M::VShape ? "V-shape: 2 per rank" : p.mode == M::Interleaved ? "interleaved" : "contiguous",
@@ -115,6 +124,9 @@ void Checker::stmt(const ast::PlaceStmt& p, const ast::Stmt& s, Env& env, UseCon
     pl.loc = s.loc;
     if (d.mode == PlaceDirective::Mode::On) {
       pl.coord = d.coord;
+    } else if (d.mode == PlaceDirective::Mode::Balanced) {
+      pl.coord = -1;  // cut once every placement is known (finish_placement)
+      pl.group = std::make_pair(index, int64_t{-1});
     } else {
       int64_t k = static_cast<int64_t>(j) / per;
       pl.group = std::make_pair(index, k);
@@ -124,6 +136,7 @@ void Checker::stmt(const ast::PlaceStmt& p, const ast::Stmt& s, Env& env, UseCon
     }
     placed_[r] = pl;
   }
+  if (d.mode == PlaceDirective::Mode::Balanced) balanced_.push_back(Balanced{index, d.regions, n});
   out_.directives.push_back(Directive{s.loc, std::move(d), diags_.context()});
 }
 

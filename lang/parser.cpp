@@ -173,6 +173,8 @@ class Builder {
             pl.chunks = expr(il->expr());
           } else if (dynamic_cast<G::ModeVshapeContext*>(m)) {
             pl.mode = ast::PlaceStmt::Mode::VShape;
+          } else if (dynamic_cast<G::ModeBalancedContext*>(m)) {
+            pl.mode = ast::PlaceStmt::Mode::Balanced;
           }
         }
       } else {

@@ -101,6 +101,7 @@ std::string print_strategy(const CheckedStrategy& s, const Manifest& m) {
               case PlaceDirective::Mode::Contiguous: target = fmt::format("over {}", x.axis); break;
               case PlaceDirective::Mode::Interleaved: target = fmt::format("over {} interleaved({})", x.axis, x.chunks); break;
               case PlaceDirective::Mode::VShape: target = fmt::format("over {} vshape", x.axis); break;
+              case PlaceDirective::Mode::Balanced: target = fmt::format("over {} balanced", x.axis); break;
             }
             out += fmt::format("place {} {}{};\n", print_regions(x.regions, m), target, stream_clause(x.stream));
           } else if constexpr (std::is_same_v<T, ReplicateDirective>) {

@@ -24,7 +24,7 @@ struct Task {
 };
 
 struct PlaceDirective {
-  enum class Mode { On, Contiguous, Interleaved, VShape };
+  enum class Mode { On, Contiguous, Interleaved, VShape, Balanced };  // Balanced: contiguous, cut by cost
   Mode mode = Mode::On;
   std::vector<RegionId> regions;  // pipeline (sequence) regions, in sequence order
   std::string axis;

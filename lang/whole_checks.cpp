@@ -75,6 +75,7 @@ void Checker::finish_placement() {
         .note(SourceLoc{}, "once any region is placed, every pipeline region must be placed exactly once");
     return;
   }
+  cut_balanced();
   // Walk the pipeline in order: a stage is a maximal run on one coordinate. Regions placed with
   // `on` join their neighbours; `over` groups stay apart (a V's two halves on the last rank are two stages).
   std::optional<std::pair<size_t, int64_t>> group;
@@ -93,6 +94,57 @@ void Checker::finish_placement() {
   }
   std::map<int64_t, int64_t> per_coord;
   for (Stage& st : out_.stages) st.chunk = per_coord[st.coord]++;
+}
+
+// A balanced placement cuts its regions into one contiguous run per coordinate so that the fullest
+// coordinate — its run plus what other directives placed there (the embedding, the head) — has
+// the least cost (measured F + B from a machine file, else forward FLOPs): the smallest bound T for which filling coordinates in order, each as far
+// as T allows while leaving one region for every later one, places everything (binary search on T;
+// greedy filling is optimal for contiguous runs).
+void Checker::cut_balanced() {
+  for (const Balanced& b : balanced_) {
+    const size_t n = static_cast<size_t>(b.stages), m = b.regions.size();
+    // Measured costs (nanoseconds) when every sequence region has one, else forward FLOPs.
+    bool measured = !opt_.region_costs.empty();
+    for (RegionId r : m_.sequence) measured = measured && opt_.region_costs.count(m_.regions[static_cast<size_t>(r)].name);
+    auto weight = [&](RegionId r) -> int64_t {
+      if (!measured) return m_.flops(r);
+      return static_cast<int64_t>(opt_.region_costs.at(m_.regions[static_cast<size_t>(r)].name) * 1e9);
+    };
+    std::vector<int64_t> fixed(n, 0), cost(m);
+    for (const auto& [r, p] : placed_)
+      if (p.coord >= 0 && static_cast<size_t>(p.coord) < n) fixed[static_cast<size_t>(p.coord)] += weight(r);
+    int64_t hi = 0;
+    for (size_t i = 0; i < m; ++i) hi += cost[i] = std::max<int64_t>(weight(b.regions[i]), 1);
+    hi += *std::max_element(fixed.begin(), fixed.end());
+    // Where each coordinate's run starts, for bound T; empty when T is too small.
+    auto fill = [&](int64_t T) -> std::vector<size_t> {
+      std::vector<size_t> start(n);
+      size_t i = 0;
+      for (size_t c = 0; c < n; ++c) {
+        start[c] = i;
+        int64_t load = fixed[c] + cost[i++];
+        if (load > T) return {};
+        const size_t last = c + 1 == n ? m : m - (n - 1 - c);  // leave one for each later coordinate
+        while (i < last && load + cost[i] <= T) load += cost[i++];
+        if (c + 1 == n && i < m) return {};
+      }
+      return start;
+    };
+    int64_t lo = 0;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (fill(mid).empty()) lo = mid + 1;
+      else hi = mid;
+    }
+    const std::vector<size_t> start = fill(lo);
+    for (size_t c = 0; c < n; ++c)
+      for (size_t i = start[c]; i < (c + 1 < n ? start[c + 1] : m); ++i) {
+        Placed& p = placed_.at(b.regions[i]);
+        p.coord = static_cast<int64_t>(c);
+        p.group = std::make_pair(b.index, static_cast<int64_t>(c));
+      }
+  }
 }
 
 void Checker::finish_axes() {

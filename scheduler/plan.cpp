@@ -126,6 +126,21 @@ PlanResult compile_checked(PlanResult r, const PlanOptions& o, SourceManager& so
   r.plan = std::move(p);
   return r;
 }
+
+// The machine file's measured region costs for `balanced` placement (F + B at one sample); its
+// errors are reported once, when the cost model reads it.
+CommandLine with_region_costs(const PlanOptions& o) {
+  CommandLine cmd = o.cmd;
+  if (o.machine_path.empty()) return cmd;
+  std::ifstream in(o.machine_path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  SourceManager scratch;
+  DiagnosticEngine quiet(scratch);
+  if (auto mc = parse_machine(scratch.add(o.machine_path, text.str()), scratch, quiet))
+    for (const auto& [name, t] : mc->regions) cmd.region_costs[name] = mc->calibration.F * t.F.at(1) + mc->calibration.B * t.B.at(1);
+  return cmd;
+}
 }  // namespace
 
 PlanResult compile_plan(FileId strategy, const Manifest& manifest, const PlanOptions& options, SourceManager& sources,
@@ -133,7 +148,7 @@ PlanResult compile_plan(FileId strategy, const Manifest& manifest, const PlanOpt
   PlanResult r;
   r.manifest = manifest;
   auto t = Clock::now();
-  r.strategy = check_text(strategy, manifest, options.cmd, sources, diags);
+  r.strategy = check_text(strategy, manifest, with_region_costs(options), sources, diags);
   r.timings.check_s = since(t);
   if (!r.strategy) {
     r.status = PlanStatus::Invalid;
@@ -145,7 +160,7 @@ PlanResult compile_plan(FileId strategy, const Manifest& manifest, const PlanOpt
 PlanResult compile_plan(const std::string& model_path, const std::string& strategy_path, const PlanOptions& options,
                         SourceManager& sources, DiagnosticEngine& diags) {
   auto t = Clock::now();
-  FrontendResult f = run_frontend(model_path, strategy_path, options.cmd, sources, diags);
+  FrontendResult f = run_frontend(model_path, strategy_path, with_region_costs(options), sources, diags);
   PlanResult r;
   r.timings.check_s = since(t);
   r.manifest = std::move(f.manifest);
