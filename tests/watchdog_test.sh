@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Faults injected under mpirun (PIPER_FAULT=RANK:STEP:TOKEN:fail|stall|drop) end the job with the
 # stuck ops named, never a hang: a stalled forward and a dropped send trip the watchdog, whose
-# report shows every rank's streams; a failing all-reduce ends a pp=2 × dp=2 job at once. `kill -9`
+# report shows every rank's streams; failing forwards and backwards on either rank (pp=2 mb=4) and a
+# failing all-reduce (pp=2 × dp=2) end the job at once. `kill -9`
 # of a rank that saves a checkpoint every step ends the job, naming the rank, and leaves a
 # checkpoint that resumes. Usage: watchdog_test.sh PIPER_RUN PIPER_MODEL
 source "$(dirname "$0")/mpi_test_lib.sh"
@@ -29,6 +30,14 @@ injected 0:1:0SEND_F1:drop 2 1f1b.piper "${pp2[@]}"
 has "rank 1 | p2p_recv   | running 1RECV_F1 for" "the receive of a dropped send"
 has "rank 1 | compute    | 1F1 waits" "what waits on it"
 
+# A failing op ends the job at once, whatever the peers block on: F and B on either rank (pp=2
+# mb=4, where the other rank waits in a receive), and a collective under pp=2 × dp=2.
+pp2_fail=(--set pp=2 --set mb=4 --batch-size 8)
+for fault in 0:1:0F2:fail 1:2:1F1:fail 0:2:0B1:fail 1:1:1B3:fail; do
+  injected "$fault" 2 1f1b.piper "${pp2_fail[@]}"
+  IFS=: read -r rank step token _ <<<"$fault"
+  has "rank $rank, step $step, op $token on stream compute: injected fault (PIPER_FAULT)" "a failing $token"
+done
 injected 3:1:1ALLREDUCE_G.b0:fail 4 1f1b_dp.piper --set pp=2 --set dp=2 --set mb=2 --batch-size 8
 has "rank 3, step 1, op 1ALLREDUCE_G.b0 on stream comm: injected fault (PIPER_FAULT)" "a failing collective"
 
