@@ -77,7 +77,11 @@ struct Executor::Impl {
         cur += *c;
       }
     }
-    if (parts.size() != 4 || (parts[3] != "fail" && parts[3] != "stall" && parts[3] != "drop"))
+    const auto number = [](const std::string& t) {
+      return !t.empty() && t.find_first_not_of("0123456789") == std::string::npos && t.size() < 10;
+    };
+    if (parts.size() != 4 || !number(parts[0]) || !number(parts[1]) ||
+        (parts[3] != "fail" && parts[3] != "stall" && parts[3] != "drop"))
       throw std::runtime_error(fmt::format("PIPER_FAULT='{}': expected RANK:STEP:TOKEN:fail|stall|drop", spec));
     f.rank = std::stoi(parts[0]);
     f.step = std::stoll(parts[1]);

@@ -41,7 +41,7 @@ done
 injected 3:1:1ALLREDUCE_G.b0:fail 4 1f1b_dp.piper --set pp=2 --set dp=2 --set mb=2 --batch-size 8
 has "rank 3, step 1, op 1ALLREDUCE_G.b0 on stream comm: injected fault (PIPER_FAULT)" "a failing collective"
 
-PIPER_FAULT=bad timeout 60 "$run" "$tmp/m.pt" "$root/strategies/single.piper" "${common[@]}" >"$tmp/out" 2>&1 &&
+PIPER_FAULT=x:1:1F0:fail timeout 60 "$run" "$tmp/m.pt" "$root/strategies/single.piper" "${common[@]}" >"$tmp/out" 2>&1 &&
   fail "a malformed PIPER_FAULT is accepted"
 has "expected RANK:STEP:TOKEN:fail|stall|drop" "a malformed PIPER_FAULT"
 

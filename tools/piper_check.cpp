@@ -190,7 +190,10 @@ int main(int argc, char** argv) {
     if (emit == "report") text = fmt::format("{}: ok\n{}", strategy, text);
     if (simulate) {
       bool over = false;
-      text += fmt::format("simulated step ({}):\n{}", plan.costs.is_unit() ? "unit costs" : machine_path,
+      const char* priced = plan.costs.is_unit()          ? ""
+                           : plan.costs.measured(plan.dag) ? "; every chunk from measured region times"
+                                                           : "; chunks by FLOPs where the file has no region times";
+      text += fmt::format("simulated step ({}{}):\n{}", plan.costs.is_unit() ? "unit costs" : machine_path, priced,
                           sched::simulate_report(plan.dag, plan.schedule, plan.memory, opt.memory_budget.value_or(0),
                                                  plan.costs.is_unit(), &over));
     }
