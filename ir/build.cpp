@@ -29,12 +29,17 @@ int64_t numel(const ParamSpec& p) {
 }
 
 // The dense layout: a region's own parameters, then its children's, depth first in manifest order;
-// sharded lists are left out (each rank holds its own members of them).
+// sharded lists are left out (each rank holds its own members of them). A tied parameter is laid
+// out once per stage, where its first member in the stage is: one tensor, counted and stepped once.
 void lay_out(const Manifest& m, RegionId r, const std::set<RegionId>& sharded, StageFacts& st) {
   if (sharded.count(r)) return;
   const Region& reg = m.regions[static_cast<size_t>(r)];
   for (size_t i = 0; i < reg.params.size(); ++i) {
     const int64_t n = numel(reg.params[i]);
+    if (const int32_t tie = m.tie_of(r, static_cast<int32_t>(i)); tie >= 0) {
+      if (std::any_of(st.tied.begin(), st.tied.end(), [&](const TiedSlot& t) { return t.tie == tie; })) continue;
+      st.tied.push_back(TiedSlot{tie, Range{st.dense_elems, st.dense_elems + n}});
+    }
     st.dense.push_back(ParamSlot{r, static_cast<int32_t>(i), st.dense_elems, n});
     st.dense_elems += n;
   }
@@ -45,6 +50,37 @@ int64_t bytes_per_element(const StageFacts& st, const Manifest& m) {
   if (st.dense.empty()) return 4;
   const ParamSlot& p = st.dense.front();
   return dtype_bytes(m.regions[static_cast<size_t>(p.region)].params[static_cast<size_t>(p.index)].dtype);
+}
+
+// What the stage's layout holds of a region's subtree: elements and bytes (a tied parameter laid
+// out under an earlier region of the stage is not held twice).
+std::pair<int64_t, int64_t> laid_out(const StageFacts& st, const Manifest& m, RegionId r) {
+  int64_t elems = 0, bytes = 0;
+  for (const ParamSlot& p : st.dense)
+    if (m.is_ancestor(r, p.region)) {
+      elems += p.numel;
+      bytes += m.regions[static_cast<size_t>(p.region)].params[static_cast<size_t>(p.index)].bytes;
+    }
+  return {elems, bytes};
+}
+
+// Splits the ranges that hold `t` so that `t` is one of them; `descending` keeps a list that runs
+// from the end of the layout backwards in that order.
+void isolate(std::vector<Range>& ranges, const Range& t, bool descending) {
+  std::vector<Range> out;
+  for (const Range& r : ranges) {
+    if (!(r.begin < t.end && t.begin < r.end) || r == t) {
+      out.push_back(r);
+      continue;
+    }
+    std::vector<Range> parts;
+    if (r.begin < t.begin) parts.push_back(Range{r.begin, t.begin});
+    parts.push_back(Range{std::max(r.begin, t.begin), std::min(r.end, t.end)});
+    if (t.end < r.end) parts.push_back(Range{t.end, r.end});
+    if (descending) std::reverse(parts.begin(), parts.end());
+    out.insert(out.end(), parts.begin(), parts.end());
+  }
+  ranges = std::move(out);
 }
 
 // Per pipeline region of the stage: the runs of its dense parameters that `selected` covers.
@@ -94,14 +130,12 @@ std::vector<Segment> cut(const StageFacts& st, const Manifest& m, const std::set
     Segment& dense = out.back();
     if (dense.regions.empty()) dense.dense = Range{at, at};
     dense.regions.push_back(r);
-    dense.param_bytes += m.param_bytes(r);
+    const auto [elems, bytes] = laid_out(st, m, r);
+    dense.param_bytes += bytes;
     dense.flops += m.flops(r);
-    StageFacts one;
-    lay_out(m, r, sharded, one);
-    at += one.dense_elems;
+    at += elems;
     dense.dense.end = at;
     for (RegionId l : inside) {
-      out.back().param_bytes -= m.param_bytes(l);
       out.back().flops -= m.flops(l);
       Segment expert;
       expert.sharded = l;
@@ -174,10 +208,15 @@ bool decide_replication(LowerContext& c, StageFacts& st) {
         open_run = !alone && !runs[k].empty();
         if (alone) open_run = false;
       }
+      for (const TiedSlot& t : st.tied) isolate(r.units, t.range, false);
       r.prefetch = rep->prefetch;
       r.buckets.assign(r.units.rbegin(), r.units.rend());
     } else {
       r.buckets = pack_buckets(runs, limit);
+      // A tied parameter's copies in other stages are summed shard by shard (ir/tie.cpp): alone in
+      // its bucket, its shards are the same elements in every copy.
+      if (r.zero >= 1)
+        for (const TiedSlot& t : st.tied) isolate(r.buckets, t.range, true);
     }
     st.replication = std::move(r);
   }

@@ -77,6 +77,22 @@ struct ExpertShard {
   }
 };
 
+// A tied parameter (manifest ties) in a stage's layout: laid out once per stage, and, with ZeRO-1/2/3,
+// a bucket (and unit) of its own, so that every copy's shards cover the same elements.
+struct TiedSlot {
+  int32_t tie = -1;  // index into the manifest's ties
+  Range range;       // its elements in the dense layout
+  bool operator==(const TiedSlot&) const = default;
+};
+
+// Stages holding copies of one tied parameter and the pipeline coordinates they sit at: the ranks at
+// those coordinates (the rest of their mesh coordinates equal) sum the copies' gradients.
+struct TieFacts {
+  int32_t tie = -1;
+  std::vector<int32_t> stages;  // ascending
+  std::vector<int64_t> coords;  // distinct pipeline coordinates of those stages, ascending
+};
+
 struct StageFacts {
   std::vector<RegionId> regions;  // the pipeline regions of the stage, in order
   int64_t coord = 0;              // on the pipeline axis
@@ -86,6 +102,7 @@ struct StageFacts {
   std::vector<Segment> segments;  // at least one
   Replication replication;
   std::vector<ExpertShard> experts;
+  std::vector<TiedSlot> tied;
   DType precision = DType::F32;   // compute precision (`precision bf16`)
 };
 
@@ -96,6 +113,7 @@ struct PlanFacts {
   int64_t microbatches = 1;
   int64_t samples_per_microbatch = 1;
   std::vector<StageFacts> stages;
+  std::vector<TieFacts> ties;  // ties held by more than one stage
   std::vector<SourceLoc> overlap_locs;  // per overlap group: the order that asked for it (diagnostics)
 };
 

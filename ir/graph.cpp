@@ -122,6 +122,7 @@ constexpr OpName kNames[] = {
     {"ALLGATHER_PF", Op::AllGather, Payload::Param, false},
     {"ALLGATHER_PB", Op::AllGather, Payload::Param, true},
     {"ALLREDUCE_G", Op::AllReduce, Payload::Grad, true},
+    {"ALLREDUCE_T", Op::AllReduce, Payload::Tied, true},
     {"BROADCAST_P", Op::Broadcast, Payload::Param, false},
     {"ALLGATHER_P", Op::AllGather, Payload::Param, false},
     {"A2A_DF", Op::AllToAll, Payload::Dispatch, false},

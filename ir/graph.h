@@ -30,6 +30,7 @@ enum class Payload : uint8_t {
   Param,     // parameters (ALLGATHER_P after an update; ALLGATHER_PF / _PB before a ZeRO-3 use)
   Dispatch,  // tokens to their experts (A2A_D)
   Combine,   // expert outputs back to their tokens (A2A_C)
+  Tied,      // gradients of a tied parameter summed over its copies (ALLREDUCE_T; `bucket` is the tie)
 };
 
 // Lifetime and role attributes the scheduler uses to account memory.
@@ -50,7 +51,7 @@ struct Node {
   int32_t stage = -1;
   int32_t microbatch = -1;  // -1: once per step (U, per-step collectives)
   int32_t chunk = 0;        // virtual stage index on its rank
-  int32_t bucket = -1;      // gradient bucket, for bucketed collectives
+  int32_t bucket = -1;      // gradient bucket, for bucketed collectives (ALLREDUCE_T: the manifest's tie)
   int32_t overlap = -1;     // co-scheduling group from `a || b`
   GroupId ranks = -1;       // every rank that runs it (a collective: all members of all its groups)
   int32_t axis = -1;        // collectives: the mesh axis they run along (their groups are its slices)

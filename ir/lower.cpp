@@ -17,9 +17,9 @@ struct Pass {
 };
 
 // The order matters: split copies what build made; place needs every chunk to exist; p2p needs
-// ranks; replicate and shard rewire edges that p2p may already have split; order needs the final
-// pieces of every task (and must see all communication to find cycles through it); recompute only
-// marks forwards, so it can come last.
+// ranks; replicate and shard rewire edges that p2p may already have split; tie follows replicate,
+// whose reductions it waits for; order needs the final pieces of every task (and must see all
+// communication to find cycles through it); recompute only marks forwards, so it can come last.
 const std::vector<Pass>& passes() {
   static const std::vector<Pass> table = {
       {{"build", "single-device DAG: per stage F and B chunks (cut into pieces) and an update; stage facts"},
@@ -29,6 +29,8 @@ const std::vector<Pass>& passes() {
       {{"p2p", "send/recv on every data edge that crosses ranks"}, p2p_pass, true},
       {{"replicate", "data parallelism: all-reduce, or ZeRO-1/2/3 reduce-scatter and all-gathers; buckets"},
        replicate_pass, true},
+      {{"tie", "tied parameters: copies in several stages summed by ALLREDUCE_T before their updates"}, tie_pass,
+       true},
       {{"shard", "expert parallelism: all-to-all dispatch and combine around sharded pieces; owners"}, shard_pass,
        true},
       {{"order", "temporal edges, overlap groups and streams from `order`; cycles are errors"}, order_pass, true},

@@ -230,3 +230,75 @@ TEST_CASE("dag-json carries the documented fields") {
   CHECK(j["edges"][0].contains("src"));
   CHECK(j["edges"][0]["kind"] == "data");
 }
+
+TEST_CASE("tied weights: one stage lays the tensor out once; copies in two stages are summed before each update") {
+  Front f("gpt8_tied");
+  const RegionId embed = *f.manifest.find("embed"), head = *f.manifest.find("head");
+  {
+    Graph g = lowered(f, "split batch into 2;\n");
+    const auto& st = g.stage(0);
+    CHECK(st.tied.size() == 1);
+    CHECK(std::none_of(st.dense.begin(), st.dense.end(), [&](const ParamSlot& p) { return p.region == head && p.index == 2; }));
+    CHECK(st.dense_elems * 4 == f.manifest.unique_param_bytes({0}));
+    CHECK(census(g).count("ALLREDUCE_T") == 0);
+    CHECK(g.facts.ties.empty());
+  }
+  CommandLine cmd;
+  cmd.sets = {"pp=2", "mb=4"};
+  Graph g = lowered(f, "use \"1f1b.piper\";\n", cmd);
+  REQUIRE(g.facts.ties.size() == 1);
+  CHECK(g.facts.ties[0].stages == std::vector<int32_t>{0, 1});
+  CHECK(g.facts.ties[0].coords == std::vector<int64_t>{0, 1});
+  CHECK(g.stage(0).tied.front().range.begin == 0);  // wte leads embed's layout
+  CHECK(std::any_of(g.stage(1).dense.begin(), g.stage(1).dense.end(), [&](const ParamSlot& p) { return p.region == head && p.index == 2; }));
+  CHECK(census(g)["ALLREDUCE_T"] == 2);
+  auto edges = [&](const std::string& tok, bool in) {
+    std::vector<std::string> out;
+    for (const Edge& e : g.edges)
+      if (token(g.nodes[static_cast<size_t>(in ? e.dst : e.src)]) == tok) out.push_back(token(g.nodes[static_cast<size_t>(in ? e.src : e.dst)]));
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  // Not replicated: after every backward that writes the copy, before the update.
+  CHECK(edges("0ALLREDUCE_T.b0", true) == std::vector<std::string>{"0B0", "0B1", "0B2", "0B3"});
+  CHECK(edges("0ALLREDUCE_T.b0", false) == std::vector<std::string>{"0U"});
+  CHECK(edges("1ALLREDUCE_T.b0", false) == std::vector<std::string>{"1U"});
+  CHECK(g.ranks(find(g, "1ALLREDUCE_T.b0").ranks) == std::vector<int32_t>{1});
+  CHECK(g.streams[find(g, "0ALLREDUCE_T.b0").stream] == "tie");
+  CHECK(parse_token("1ALLREDUCE_T.b0")->payload == Payload::Tied);
+  (void)embed;
+}
+
+TEST_CASE("tied weights under ZeRO: the tied parameter is a bucket (and unit) of its own, summed after its reduction") {
+  Front f("gpt8_tied");
+  for (const char* strategy : {"1f1b_zero2.piper", "1f1b_zero3.piper"}) {
+    CAPTURE(strategy);
+    CommandLine cmd;
+    cmd.sets = {"pp=2", "dp=2", "mb=2"};
+    Graph g = lowered(f, fmt::format("use \"{}\";\n", strategy), cmd);
+    for (int32_t s : {0, 1}) {
+      const auto& st = g.stage(s);
+      REQUIRE(st.tied.size() == 1);
+      const auto& b = st.replication.buckets;
+      CHECK(std::find(b.begin(), b.end(), st.tied.front().range) != b.end());
+    }
+    int reductions_in = 0;
+    for (const Edge& e : g.edges)
+      if (token(g.nodes[static_cast<size_t>(e.dst)]) == "1ALLREDUCE_T.b0")
+        reductions_in += g.nodes[static_cast<size_t>(e.src)].op == Op::ReduceScatter;
+    CHECK(reductions_in == 2);  // the tied bucket's reduce-scatter of each microbatch
+    CHECK(g.ranks(find(g, "1ALLREDUCE_T.b0").ranks) == std::vector<int32_t>{2, 3});
+  }
+}
+
+TEST_CASE("tied weights: copies replicated differently are the user's error, at the replicate statement") {
+  Front f("gpt8_tied");
+  auto s = f.check("mesh pp = 2, dp = 2;\nsplit batch into 2;\nplace embed on pp = 0;\nplace layers[*] over pp;\n"
+                   "place head on pp = 1;\nreplicate embed over dp zero 1;\nreplicate layers[*], head over dp;\n");
+  REQUIRE_MESSAGE(s, f.errors());
+  LowerOptions opt;
+  CHECK(!lower(*s, f.manifest, f.diags, opt));
+  CHECK(f.errors().find("embed.wte and head.lm_head_weight are one tensor (tied in the manifest), but the stage holding "
+                        "the first is replicated over 'dp' with zero(1) and stage 1 is replicated over 'dp'") != std::string::npos);
+  CHECK(f.errors().find("<test>.piper:6:1: error:") != std::string::npos);
+}

@@ -82,10 +82,56 @@ class Loader {
         return fail("sequence", fmt::format("region '{}' has parameters but is not in (or under) the sequence",
                                             m.regions[r].name));
     }
+    if (j.contains("ties") && !ties(m, j["ties"])) return std::nullopt;
     return m;
   }
 
  private:
+  // "ties": [[{"region": "embed", "param": "wte"}, {"region": "head", "param": "lm_head_weight"}], ...]
+  bool ties(Manifest& m, const json& j) {
+    if (!j.is_array()) return fail("ties", "expected an array of ties (each an array of {\"region\", \"param\"})"), false;
+    for (size_t t = 0; t < j.size(); ++t) {
+      const std::string at = fmt::format("ties[{}]", t);
+      if (!j[t].is_array() || j[t].size() < 2)
+        return fail(at, "a tie lists at least two {\"region\": ..., \"param\": ...} members"), false;
+      Tie tie;
+      for (size_t k = 0; k < j[t].size(); ++k) {
+        const json& e = j[t][k];
+        const std::string where = fmt::format("{}[{}]", at, k);
+        if (!e.is_object() || !e.contains("region") || !e["region"].is_string() || !e.contains("param") ||
+            !e["param"].is_string())
+          return fail(where, "expected {\"region\": name, \"param\": name}"), false;
+        const std::string rname = e["region"], pname = e["param"];
+        auto r = m.find(rname);
+        if (!r || *r == 0) return fail(where, fmt::format("'{}' is not a region of this manifest", rname)), false;
+        const auto& params = m.regions[static_cast<size_t>(*r)].params;
+        auto it = std::find_if(params.begin(), params.end(), [&](const ParamSpec& p) { return p.name == pname; });
+        if (it == params.end())
+          return fail(where, fmt::format("region '{}' lists no parameter '{}'", rname, pname)), false;
+        TiedParam member{*r, static_cast<int32_t>(it - params.begin())};
+        if (m.tie_of(member.region, member.index) >= 0 ||
+            std::find(tie.members.begin(), tie.members.end(), member) != tie.members.end())
+          return fail(where, fmt::format("{}.{} is already tied", rname, pname)), false;
+        if (std::any_of(tie.members.begin(), tie.members.end(), [&](const TiedParam& o) { return o.region == *r; }))
+          return fail(where, fmt::format("two members of one tie in region '{}'; a tie joins different regions", rname)),
+                 false;
+        if (!tie.members.empty()) {
+          const TiedParam& first = tie.members.front();
+          const ParamSpec& a = m.regions[static_cast<size_t>(first.region)].params[static_cast<size_t>(first.index)];
+          if (a.shape != it->shape || a.dtype != it->dtype)
+            return fail(where, fmt::format("{}.{} is {}{}, but {}.{} is {}{}: tied parameters are one tensor", rname,
+                                           pname, dtype_name(it->dtype), json(it->shape).dump(),
+                                           m.regions[static_cast<size_t>(first.region)].name, a.name,
+                                           dtype_name(a.dtype), json(a.shape).dump())),
+                   false;
+        }
+        tie.members.push_back(member);
+      }
+      m.ties.push_back(std::move(tie));
+    }
+    return true;
+  }
+
   std::nullopt_t fail(const std::string& path, const std::string& msg) {
     std::string where = path.empty() ? "" : fmt::format("at {}: ", path);
     diags_.error(SourceLoc{file_, 0, 0, 0}, fmt::format("invalid manifest: {}{}", where, msg));
@@ -309,6 +355,28 @@ int64_t Manifest::param_bytes(RegionId r) const {
   int64_t total = 0;
   for (const auto& p : regions[r].params) total += p.bytes;
   for (RegionId c : regions[r].children) total += param_bytes(c);
+  return total;
+}
+
+int32_t Manifest::tie_of(RegionId r, int32_t index) const {
+  for (size_t t = 0; t < ties.size(); ++t)
+    for (const TiedParam& p : ties[t].members)
+      if (p.region == r && p.index == index) return static_cast<int32_t>(t);
+  return -1;
+}
+
+int64_t Manifest::unique(const std::vector<RegionId>& rs, bool bytes) const {
+  int64_t total = 0;
+  for (RegionId r : rs) total += bytes ? param_bytes(r) : param_count(r);
+  for (const Tie& t : ties) {  // every member under rs after the first one is a duplicate
+    bool seen = false;
+    for (const TiedParam& p : t.members) {
+      if (std::none_of(rs.begin(), rs.end(), [&](RegionId r) { return is_ancestor(r, p.region); })) continue;
+      const ParamSpec& spec = regions[static_cast<size_t>(p.region)].params[static_cast<size_t>(p.index)];
+      if (seen) total -= bytes ? spec.bytes : spec.bytes / dtype_bytes(spec.dtype);
+      seen = true;
+    }
+  }
   return total;
 }
 

@@ -63,12 +63,31 @@ struct Region {
   std::optional<RegionMemory> memory_bf16;  // the same with bf16 parameters and activations
 };
 
+// One parameter tensor shared by several regions (tied weights: an embedding and the output head).
+// Each member region lists the parameter among its own; the first member is its canonical name.
+// Stages that hold copies keep them equal by summing their gradients (ir/tie.cpp).
+struct TiedParam {
+  RegionId region = -1;
+  int32_t index = 0;  // into the region's params
+  bool operator==(const TiedParam&) const = default;
+};
+struct Tie {
+  std::vector<TiedParam> members;  // at least two, in different regions
+};
+
 struct Manifest {
   static constexpr int kVersion = 1;
   int version = kVersion;
   std::string model_name;
   std::vector<Region> regions;     // regions[0] is the root
   std::vector<RegionId> sequence;  // the top-level regions a pipeline cuts, in order
+  std::vector<Tie> ties;
+
+  // The tie a region's parameter belongs to, or -1.
+  int32_t tie_of(RegionId r, int32_t index) const;
+  // The subtrees' parameters counting each tied tensor once (what one device holds).
+  int64_t unique_param_bytes(const std::vector<RegionId>& rs) const { return unique(rs, true); }
+  int64_t unique_param_count(const std::vector<RegionId>& rs) const { return unique(rs, false); }
 
   std::optional<RegionId> find(std::string_view dotted) const;
   std::optional<RegionId> child(RegionId parent, std::string_view leaf) const;
@@ -80,6 +99,9 @@ struct Manifest {
   bool is_ancestor(RegionId a, RegionId b) const;  // a == b or a above b
   // `layers[3].moe.experts[0]`: the selector text that names this region.
   std::string selector_text(RegionId r) const;
+
+ private:
+  int64_t unique(const std::vector<RegionId>& rs, bool bytes) const;
 };
 
 // Parses and validates a manifest. Errors name the JSON path (e.g. regions[3].params[0].bytes).

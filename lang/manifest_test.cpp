@@ -74,3 +74,45 @@ TEST_CASE("manifest errors say where and what") {
   CHECK(manifest_error(base + R"("sequence": ["a"], "regions": [{"name": "a..b"}]})").find("without empty parts") !=
         std::string::npos);
 }
+
+namespace {
+// Two regions that list one [4, 2] tensor: an embedding `e.w` and a head `h.w` (with its own bias).
+std::string tied(const std::string& ties, const std::string& head_w = R"("shape": [4, 2], "dtype": "float32")") {
+  return std::string("{") + kHeader + R"("sequence": ["e", "h"], "regions": [
+    {"name": "e", "params": [{"name": "w", "shape": [4, 2], "dtype": "float32"}]},
+    {"name": "h", "params": [{"name": "b", "shape": [4], "dtype": "float32"}, {"name": "w", )" + head_w + R"(}]}],
+    "ties": )" + ties + "}";
+}
+}  // namespace
+
+TEST_CASE("ties: a tensor shared by regions, counted once where one device holds it") {
+  SourceManager sm;
+  DiagnosticEngine diags(sm);
+  auto m = parse_manifest(sm.add("m.json", tied(R"([[{"region": "e", "param": "w"}, {"region": "h", "param": "w"}]])")), sm, diags);
+  REQUIRE(m);
+  REQUIRE(m->ties.size() == 1);
+  const RegionId e = *m->find("e"), h = *m->find("h");
+  CHECK(m->tie_of(e, 0) == 0);
+  CHECK(m->tie_of(h, 1) == 0);
+  CHECK(m->tie_of(h, 0) == -1);
+  CHECK(m->param_bytes(0) == 32 + 16 + 32);  // each region's own view
+  CHECK(m->unique_param_bytes({0}) == 32 + 16);
+  CHECK(m->unique_param_count({e, h}) == 12);
+  CHECK(m->unique_param_bytes({h}) == 48);  // a stage with the head alone holds the tensor too
+}
+
+TEST_CASE("ties: malformed ties are located and explained") {
+  CHECK(manifest_error(tied(R"([[{"region": "e", "param": "w"}]])")).find("at ties[0]: a tie lists at least two") !=
+        std::string::npos);
+  CHECK(manifest_error(tied(R"([[{"region": "e", "param": "w"}, {"region": "x", "param": "w"}]])"))
+            .find("at ties[0][1]: 'x' is not a region") != std::string::npos);
+  CHECK(manifest_error(tied(R"([[{"region": "e", "param": "w"}, {"region": "h", "param": "v"}]])"))
+            .find("region 'h' lists no parameter 'v'") != std::string::npos);
+  CHECK(manifest_error(tied(R"([[{"region": "e", "param": "w"}, {"region": "h", "param": "w"}]])",
+                            R"("shape": [2, 4], "dtype": "float32")"))
+            .find("h.w is float32[2,4], but e.w is float32[4,2]") != std::string::npos);
+  CHECK(manifest_error(tied(R"([[{"region": "e", "param": "w"}, {"region": "h", "param": "w"}], [{"region": "h", "param": "w"}, {"region": "e", "param": "w"}]])"))
+            .find("at ties[1][0]: h.w is already tied") != std::string::npos);
+  CHECK(manifest_error(tied(R"([[{"region": "h", "param": "b"}, {"region": "h", "param": "w"}]])"))
+            .find("a tie joins different regions") != std::string::npos);
+}

@@ -15,7 +15,7 @@ std::string strategy_report(const CheckedStrategy& s, const Manifest& m) {
   for (const auto& a : s.mesh.axes()) axes.push_back(fmt::format("{}={}", a.name, a.size));
   out += fmt::format("  model      {} ({} regions, {} parameters, {})\n",
                      m.model_name.empty() ? "(unnamed)" : m.model_name, m.regions.size() - 1,
-                     m.param_count(0), human_bytes(double(m.param_bytes(0))));
+                     m.unique_param_count({0}), human_bytes(double(m.unique_param_bytes({0}))));
   out += fmt::format("  world      {} rank{}, mesh {}\n", s.mesh.world(), s.mesh.world() == 1 ? "" : "s",
                      axes.empty() ? "(none: one device)" : fmt::format("{}", fmt::join(axes, " × ")));
   if (!s.params.empty()) {
@@ -28,8 +28,7 @@ std::string strategy_report(const CheckedStrategy& s, const Manifest& m) {
                      s.pipeline_axis.empty() ? "" : fmt::format(" over {}", s.pipeline_axis));
   for (size_t i = 0; i < s.stages.size(); ++i) {
     const Stage& st = s.stages[i];
-    int64_t bytes = 0;
-    for (RegionId r : st.regions) bytes += m.param_bytes(r);
+    const int64_t bytes = m.unique_param_bytes(st.regions);
     out += fmt::format("    {:>3}  {}={} chunk {}  {}  ({})\n", i, s.pipeline_axis.empty() ? "rank" : s.pipeline_axis,
                        st.coord, st.chunk, print_regions(st.regions, m), human_bytes(double(bytes)));
   }

@@ -132,19 +132,35 @@ def build_manifest(model, example, sequence, regions=(), kinds=None, name=None, 
         raise ExportError("the sequence regions chained do not reproduce the model's forward "
                           f"({describe(x)} chained, {describe(whole)} whole); sequence was {sequence}")
 
-    # Each parameter belongs to the deepest region that contains it.
-    owner = {}
-    for r in sorted(all_regions, key=lambda r: r.count(".")):
+    # Each parameter belongs to the deepest region that contains it, by each path it is reached by:
+    # a tensor reached from two regions (tied weights, e.g. an embedding and the output head) is
+    # listed by both and declared in "ties", so that Piper keeps the copies of different stages equal.
+    def deepest(path):
+        return max((r for r in all_regions if path.startswith(r + ".")), key=len)
+    holders = {}  # id(tensor) -> [(region, name in region)] in region order
+    for r in all_regions:
         for pname, p in modules[r].named_parameters():
-            owner[id(p)] = (r, pname)
+            home = deepest(f"{r}.{pname}")
+            entry = (home, f"{r}.{pname}"[len(home) + 1:])
+            if entry not in holders.setdefault(id(p), []):
+                holders[id(p)].append(entry)
     for pname, p in model.named_parameters():
-        if id(p) not in owner:
+        if id(p) not in holders:
             raise ExportError(f"parameter '{pname}' is not inside any region: add its module to the sequence")
+    order = {r: i for i, r in enumerate(all_regions)}
+    ties = []
+    for h in holders.values():
+        h.sort(key=lambda e: order[e[0]])
+        if len({r for r, _ in h}) != len(h):
+            raise ExportError(f"region '{region_name(h[0][0], names)}' reaches one tensor as "
+                              f"{' and '.join(n for _, n in h)}; tie tensors across regions only")
+        if len(h) > 1:
+            ties.append([{"region": region_name(r, names), "param": n} for r, n in h])
     out_regions = []
     for r in all_regions:
         params = []
         for pname, p in modules[r].named_parameters():
-            if owner[id(p)][0] != r:
+            if (r, pname) not in holders[id(p)]:
                 continue
             params.append({"name": pname, "shape": list(p.shape), "dtype": _DTYPES.get(p.dtype, str(p.dtype)),
                            "bytes": p.numel() * p.element_size()})
@@ -163,6 +179,7 @@ def build_manifest(model, example, sequence, regions=(), kinds=None, name=None, 
         "input": _spec(example),
         "loss": "cross_entropy(last region output [batch, seq, vocab], next tokens [batch, seq])",
         "sequence": [region_name(r, names) for r in sequence], "regions": out_regions,
+        **({"ties": ties} if ties else {}),
     }
 
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The exporter round trip: a nanoGPT-like model defined here is exported, then the C++ side loads
 it (piper-model verify: regions chained == whole model, forward and gradients) and checks a
-strategy against it (piper-check). Dropout trains in piper-run. Usage: test_piper_export.py PIPER_MODEL PIPER_CHECK STRATEGY_DIR PIPER_RUN"""
+strategy against it (piper-check). Dropout trains in piper-run; a tied nanoGPT trains under 1F1B
+on two ranks to PyTorch's own losses. Usage: test_piper_export.py PIPER_MODEL PIPER_CHECK STRATEGY_DIR PIPER_RUN"""
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import piper_export  # noqa: E402
+from torch_reference import pytorch_losses  # noqa: E402
 
 
 class Embed(nn.Module):
@@ -110,6 +113,8 @@ class OwnNames(nn.Module):
 
 def main():
     piper_model, piper_check, strategies, piper_run = sys.argv[1:5]
+    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "corpus.txt")
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     model = NanoGPT()
     example = torch.zeros(1, 32, dtype=torch.long)
@@ -188,15 +193,31 @@ def main():
         subprocess.run([piper_check, own_path, os.path.join(strategies, "1f1b.piper"), "--set", "pp=2", "--set", "mb=4"],
                        check=True, stdout=subprocess.DEVNULL)
 
-        # Tied weights (the head's matrix is the embedding's) are refused, not trained apart.
+        # Tied weights as nanoGPT writes them (the head's matrix is the embedding's, dropout modules
+        # in the blocks): the exporter declares the tie; 1F1B over two ranks, embedding and head on
+        # different stages, trains to PyTorch's own losses on the same batches.
         torch.manual_seed(0)
-        tied = NanoGPT()
+        tied = NanoGPT(dropout=0.0)
         tied.head.out.weight = tied.embed.wte.weight
         tied_path = os.path.join(tmp, "tied.pt")
-        piper_export.export(tied, example, tied_path, seq, kinds={"layers": "block"})
-        out = subprocess.run([piper_run, tied_path, os.path.join(strategies, "single.piper"), "--steps", "1"],
-                             capture_output=True, text=True)
-        assert out.returncode != 0 and "are one tensor (tied weights)" in out.stdout + out.stderr, out
+        m = piper_export.export(tied, example, tied_path, seq, kinds={"layers": "block"})
+        assert m["ties"] == [[{"region": "embed", "param": "wte.weight"}, {"region": "head", "param": "out.weight"}]], m.get("ties")
+        total = sum(p["bytes"] for r in m["regions"] for p in r["params"])
+        assert total == sum(p.numel() * 4 for p in tied.parameters()) + tied.embed.wte.weight.numel() * 4  # listed by both
+        subprocess.run([piper_model, "verify", tied_path], check=True, stdout=subprocess.DEVNULL)
+        steps, batch = 8, 8
+        torch_losses = pytorch_losses(tied_path, data, 32, batch, steps)
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        metrics = os.path.join(tmp, "tied.jsonl")
+        subprocess.run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", piper_run, tied_path,
+                        os.path.join(strategies, "1f1b.piper"), "--set", "pp=2", "--set", "mb=4", "--data", data,
+                        "--steps", str(steps), "--batch-size", str(batch), "--threads", "1", "--metrics", metrics],
+                       check=True, stdout=subprocess.DEVNULL, env=env, timeout=300)
+        piper_losses = [json.loads(line)["loss"] for line in open(metrics) if '"loss"' in line]
+        worst = max(abs(a - b) / abs(b) for a, b in zip(piper_losses, torch_losses))
+        assert len(piper_losses) == steps and worst < 1e-5, (piper_losses, torch_losses)
+        print(f"tied nanoGPT, 1f1b pp=2: PyTorch {torch_losses[0]:.5f} -> {torch_losses[-1]:.5f}, "
+              f"piper-run max relative difference {worst:.1e}")
     print("test_piper_export: all passed")
 
 

@@ -131,14 +131,31 @@ struct Executor::Impl {
     const Manifest& m = plan.manifest;
     auto region = [&](RegionId r) { return impl.region(m.regions[static_cast<size_t>(r)].name); };
     std::set<std::string> kept;  // regions whose weights this rank keeps
+    std::set<int32_t> tied_here;  // ties a stage on this rank already holds
     for (auto& [stage, sv] : view.stages) {
       const ir::StageFacts& f = *sv.facts;
       std::vector<torch::Tensor> dense, experts;
       StageParams::Names dense_names, expert_names;
+      std::vector<size_t> copies;
       for (const ir::ParamSlot& slot : f.dense) {
         const ParamSpec& spec = m.regions[static_cast<size_t>(slot.region)].params[static_cast<size_t>(slot.index)];
-        dense.push_back(module_parameter(region(slot.region), spec.name));
-        dense_names.emplace_back(m.regions[static_cast<size_t>(slot.region)].name, spec.name);
+        torch::Tensor t = module_parameter(region(slot.region), spec.name);
+        std::string rname = m.regions[static_cast<size_t>(slot.region)].name, pname = spec.name;
+        if (const int32_t tie = m.tie_of(slot.region, slot.index); tie >= 0) {
+          // Another stage here holds the tensor: this one trains a copy of its own (its flat layout
+          // owns its storage), kept equal by ALLREDUCE_T. Checkpoints know it by the tie's first name.
+          if (!tied_here.insert(tie).second) {
+            torch::NoGradGuard no_grad;
+            t = t.detach().clone();
+            set_module_parameter(region(slot.region), spec.name, t);
+          }
+          const TiedParam& canon = m.ties[static_cast<size_t>(tie)].members.front();
+          if (canon.region != slot.region) copies.push_back(dense.size());
+          rname = m.regions[static_cast<size_t>(canon.region)].name;
+          pname = m.regions[static_cast<size_t>(canon.region)].params[static_cast<size_t>(canon.index)].name;
+        }
+        dense.push_back(t);
+        dense_names.emplace_back(rname, pname);
       }
       int64_t expert_replicas = 1;
       std::vector<PieceModules> ps;
@@ -179,21 +196,14 @@ struct Executor::Impl {
       params[stage] = std::make_unique<StageParams>(sv, std::move(dense), std::move(experts), expert_replicas,
                                                     OptimizerOptions{opt.optimizer, opt.lr}, comm, std::move(dense_names),
                                                     std::move(expert_names));
+      if (!copies.empty()) params[stage]->mark_copies(copies);
     }
     // Weights of regions this rank does not hold are released: the archive is read whole (TorchScript
     // has no partial load), but only the owned stages' weights (and experts) stay in memory.
     for (size_t r = 1; r < m.regions.size(); ++r) {
       if (kept.count(m.regions[r].name) || m.regions[r].params.empty()) continue;
       auto mod = impl.region(m.regions[r].name);
-      for (const auto& spec : m.regions[r].params) {
-        torch::jit::Module owner = mod;
-        std::string name = spec.name;
-        for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.')) {
-          owner = owner.attr(name.substr(0, dot)).toModule();
-          name = name.substr(dot + 1);
-        }
-        owner.register_parameter(name, torch::empty({0}), false);
-      }
+      for (const auto& spec : m.regions[r].params) set_module_parameter(mod, spec.name, torch::empty({0}));
     }
     for (const auto& [group, channel] : view.groups) comm.prepare_group(group, channel);
     data_preds.assign(g.nodes.size(), {});
@@ -355,6 +365,19 @@ struct Executor::Impl {
     values[static_cast<size_t>(v)] = {buf};
   }
 
+  // ALLREDUCE_T: the copies of a tied parameter on this rank's stages summed, then with the ranks
+  // at the other pipeline coordinates that hold copies; every copy gets the sum.
+  void sum_tied(int32_t tie) {
+    const RankView::TieView& tv = view.ties.at(tie);
+    std::vector<torch::Tensor> grads;
+    for (int32_t s : tv.stages) grads.push_back(params.at(s)->tied_grad(tie));
+    torch::NoGradGuard no_grad;
+    for (size_t i = 1; i < grads.size(); ++i) grads[0].add_(grads[i]);
+    if (tv.group.size() > 1)
+      comm.all_reduce_sum(grads[0].data_ptr<float>(), static_cast<size_t>(grads[0].numel()), tv.group, kTieChannel);
+    for (size_t i = 1; i < grads.size(); ++i) grads[i].copy_(grads[0]);
+  }
+
   // Runs an op, then lets go of what its predecessors produced once their last consumer ran, so
   // boundary activations and gradients live as long as they are needed, not the whole step.
   void run(NodeId v) {
@@ -379,7 +402,9 @@ struct Executor::Impl {
       case Op::U: return params_of(n).update();
       case Op::Send: return send(v);
       case Op::Recv: return recv(v);
-      case Op::AllReduce: return params_of(n).all_reduce(static_cast<size_t>(n.bucket));
+      case Op::AllReduce:
+        if (n.payload == ir::Payload::Tied) return sum_tied(n.bucket);
+        return params_of(n).all_reduce(static_cast<size_t>(n.bucket));
       case Op::ReduceScatter: return params_of(n).reduce_scatter(static_cast<size_t>(n.bucket), n.microbatch);
       case Op::AllGather:
         if (n.flags & ir::kMaterialize)
@@ -519,9 +544,14 @@ int64_t Executor::load_checkpoint(const std::string& dir, std::string* note) {
   std::vector<StatePiece> want;
   for (auto& [stage, sp] : x.params)
     for (auto& p : sp->loaded_state()) want.push_back(std::move(p));
-  std::set<std::pair<std::string, std::string>> model_params;
-  for (const Region& r : x.plan.manifest.regions)
-    for (const ParamSpec& p : r.params) model_params.emplace(r.name, p.name);
+  std::set<std::pair<std::string, std::string>> model_params;  // a tied tensor under its first name only
+  const Manifest& man = x.plan.manifest;
+  for (RegionId r = 0; r < RegionId(man.regions.size()); ++r)
+    for (int32_t i = 0; i < int32_t(man.regions[static_cast<size_t>(r)].params.size()); ++i) {
+      const int32_t tie = man.tie_of(r, i);
+      if (tie >= 0 && !(man.ties[static_cast<size_t>(tie)].members.front() == TiedParam{r, i})) continue;
+      model_params.emplace(man.regions[static_cast<size_t>(r)].name, man.regions[static_cast<size_t>(r)].params[static_cast<size_t>(i)].name);
+    }
   const nlohmann::json m = read_checkpoint(path, want, model_params);
   if (m.value("optimizer", "") != x.opt.optimizer)
     throw std::runtime_error(fmt::format("checkpoint {}: saved with optimizer {}, this run uses {}", path,

@@ -80,15 +80,21 @@ std::string manifest_json(const ModelConfig& c) {
   seq.push_back("head");
   json config = {{"layers", c.layers}, {"d_model", d}, {"heads", c.heads}, {"ffn", c.ffn}, {"vocab", c.vocab}, {"seq", c.seq}};
   if (c.arch == "moe") config.update({{"experts", c.experts}, {"top_k", c.top_k}});
-  return json{{"format", "piper-manifest"},
+  if (c.tie_embeddings) config["tie_embeddings"] = true;
+  json out{{"format", "piper-manifest"},
               {"version", 1},
               {"model", {{"name", c.name.empty() ? fmt::format("{}-{}L", c.arch, c.layers) : c.name}, {"arch", c.arch},
                          {"config", config}}},
               {"input", act({c.seq}, "int64")},
               {"loss", "cross_entropy(head output [batch, seq, vocab], next tokens [batch, seq])"},
               {"sequence", seq},
-              {"regions", regions}}
-      .dump(1) + "\n";
+              {"regions", regions}};
+  if (c.tie_embeddings) {
+    const json wte = {{"region", "embed"}, {"param", "wte"}}, proj = {{"region", "head"}, {"param", "lm_head_weight"}};
+    out["ties"] = json::array();
+    out["ties"].push_back(json::array({wte, proj}));
+  }
+  return out.dump(1) + "\n";
 }
 
 namespace {
@@ -225,8 +231,11 @@ Module build(const ModelConfig& c) {
     body += fmt::format("    x = self.layers_{}.forward(x)\n", i);
   }
   Module head = make(cu, "Head");
-  add_params(head, {{"ln_f_weight", torch::ones({d})}, {"ln_f_bias", torch::zeros({d})},
-                    {"lm_head_weight", normal({c.vocab, d}, 0.02)}});
+  add_params(head, {{"ln_f_weight", torch::ones({d})}, {"ln_f_bias", torch::zeros({d})}});
+  if (c.tie_embeddings)  // the very tensor, not a copy: TorchScript saves and loads it once
+    head.register_parameter("lm_head_weight", embed.attr("wte").toTensor(), false);
+  else
+    add_params(head, {{"lm_head_weight", normal({c.vocab, d}, 0.02)}});
   head.define(kHead);
   root.register_module("head", head);
   body += "    return self.head.forward(x)\n";

@@ -10,6 +10,7 @@ struct ModelConfig {
   std::string name;          // defaults to "<arch>-<layers>L"
   int64_t layers = 8, d_model = 64, heads = 4, ffn = 256, vocab = 256, seq = 64;
   int64_t experts = 8, top_k = 2;  // moe only
+  bool tie_embeddings = false;     // the head's projection is the token embedding (GPT-2's tie)
   uint64_t seed = 0;
 };
 

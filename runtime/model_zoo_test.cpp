@@ -33,6 +33,9 @@ TEST_CASE("the example manifests are the zoo's (tests/manifests/regenerate.sh ke
   ModelConfig moe;
   moe.arch = "moe";
   CHECK(measured_manifest_json(moe) == read(std::string(PIPER_SOURCE_DIR) + "/tests/manifests/moe8.json"));
+  ModelConfig tied;
+  tied.tie_embeddings = true;
+  CHECK(measured_manifest_json(tied) == read(std::string(PIPER_SOURCE_DIR) + "/tests/manifests/gpt8_tied.json"));
 }
 
 TEST_CASE("zoo models: regions chained equal the whole model, forward and gradients") {

@@ -76,6 +76,16 @@ RankView make_rank_view(const sched::Plan& p, int rank, int world, int max_tag) 
     }
     v.stages.emplace(x.stage, std::move(sv));
   }
+  for (const ir::TieFacts& t : f.ties) {
+    RankView::TieView tv;
+    for (int32_t s : t.stages)
+      if (v.stages.count(s)) tv.stages.push_back(s);
+    if (tv.stages.empty()) continue;
+    const auto along = f.mesh.group_along(rank, f.pipeline_axis);
+    for (int64_t c : t.coords) tv.group.push_back(along.at(static_cast<size_t>(c)));
+    if (tv.group.size() > 1) v.groups.insert({tv.group, kTieChannel});
+    v.ties.emplace(t.tie, std::move(tv));
+  }
   std::vector<int> everyone(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) everyone[static_cast<size_t>(r)] = r;
   v.groups.insert({everyone, kRuntimeChannel});

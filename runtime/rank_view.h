@@ -13,7 +13,7 @@
 namespace piper::runtime {
 
 // Communicator channels: independent sequences of collectives on one group (see communicator.h).
-enum Channel : int { kReplicaChannel = 1, kRuntimeChannel = 2, kHashChannel = 3, kExpertChannel = 4 };
+enum Channel : int { kReplicaChannel = 1, kRuntimeChannel = 2, kHashChannel = 3, kExpertChannel = 4, kTieChannel = 5 };
 
 struct StageView {
   int32_t stage = -1;
@@ -53,6 +53,13 @@ struct RankView {
   // on this rank (data edges within the class and the schedule's issue-after waits).
   std::vector<std::pair<int, int>> peers;
   std::vector<std::vector<ir::NodeId>> local_preds;
+  // Per tie with copies on this rank (facts.ties): the ranks that sum its copies' gradients — one per
+  // pipeline coordinate holding copies, this rank's other coordinates — and the stages here that hold one.
+  struct TieView {
+    std::vector<int> group;
+    std::vector<int32_t> stages;
+  };
+  std::map<int32_t, TieView> ties;  // by the manifest's tie index
   // Every collective group this rank joins, with its channel, in one global order (sorted).
   std::set<std::pair<std::vector<int>, int>> groups;
 

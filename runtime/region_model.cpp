@@ -6,6 +6,7 @@
 #include <torch/script.h>
 
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -64,17 +65,26 @@ RegionModel::RegionModel(const std::string& path) : impl_(std::make_unique<Impl>
       throw std::runtime_error(fmt::format("{}: region '{}': {}", path, n, e.what()));
     }
   }
-  // Tied weights (one tensor under two names, e.g. an embedding and the output head) would become
-  // independent copies on different stages, or be stepped twice on one: refused until the manifest
-  // can declare ties and the plan keep them in sync.
+  // Tied weights (one tensor under two names, e.g. an embedding and the output head) are trained as
+  // one only where the manifest declares them (`ties`: the plan then sums their copies' gradients);
+  // an undeclared one would become independent copies on different stages, or be stepped twice on one.
+  std::set<std::pair<std::string, std::string>> declared;  // tied pairs of full parameter names
+  if (j.contains("ties") && j["ties"].is_array())
+    for (const auto& tie : j["ties"]) {
+      std::vector<std::string> names;
+      for (const auto& m : tie)
+        names.push_back(module_of[m.value("region", "")] + "." + m.value("param", ""));
+      for (const auto& a : names)
+        for (const auto& b : names) declared.emplace(a, b);
+    }
   std::map<const void*, std::string> seen;
   for (const auto& p : impl_->root.named_parameters()) {
     if (p.value.numel() == 0) continue;
     auto [it, fresh] = seen.emplace(p.value.data_ptr(), p.name);
-    if (!fresh)
-      throw std::runtime_error(fmt::format("{}: parameters '{}' and '{}' are one tensor (tied weights); Piper cannot keep "
-                                           "tied copies in sync yet, so it refuses rather than train them apart: untie "
-                                           "them (give each its own parameter) or train with one device elsewhere",
+    if (!fresh && !declared.count({it->second, p.name}))
+      throw std::runtime_error(fmt::format("{}: parameters '{}' and '{}' are one tensor (tied weights) that the manifest "
+                                           "does not declare; declare them in \"ties\" (python/piper_export.py does "
+                                           "it for you) so that Piper keeps the copies in sync, or untie them",
                                            path, it->second, p.name));
   }
   impl_->seq_len = j.contains("input") ? j["input"]["shape"][0].get<int64_t>() : 0;
@@ -93,7 +103,10 @@ RegionCheck RegionModel::check_regions(int64_t batch, uint64_t seed) {
   int64_t vocab = impl_->vocab > 0 ? impl_->vocab : 256;
   auto tokens = torch::randint(vocab, {batch, impl_->seq_len + 1}, torch::kLong);
   auto idx = tokens.slice(1, 0, impl_->seq_len), targets = tokens.slice(1, 1);
-  auto params = impl_->root.parameters();
+  std::vector<torch::Tensor> params;  // each tensor once: a tied one is one parameter
+  std::set<const void*> seen;
+  for (const auto& p : impl_->root.parameters())
+    if (seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
   auto grads = [&](const torch::Tensor& loss) {
     for (auto p : params)
       if (p.grad().defined()) p.mutable_grad().zero_();

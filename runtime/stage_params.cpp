@@ -29,6 +29,16 @@ torch::Tensor module_parameter(const torch::jit::Module& m, const std::string& n
   return cur.attr(name.substr(start)).toTensor();
 }
 
+void set_module_parameter(const torch::jit::Module& m, const std::string& name, const torch::Tensor& t) {
+  torch::jit::Module owner = m;
+  size_t start = 0;
+  for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', start)) {
+    owner = owner.attr(name.substr(start, dot - start)).toModule();
+    start = dot + 1;
+  }
+  owner.register_parameter(name.substr(start), t, false);
+}
+
 void FlatOptimizer::add(torch::Tensor param, torch::Tensor grad) {
   MemScope scope(MemCategory::Optimizer);
   Slot s{std::move(param), std::move(grad), {}, {}};
@@ -367,6 +377,28 @@ void StageParams::update() {
   if (bf16_ && (rep.axis < 0 || rep.zero == 0)) compute_.copy_(flat_);  // ZeRO-1/2: as each bucket is gathered
 }
 
+torch::Tensor StageParams::tied_grad(int32_t tie) {
+  const ir::StageFacts& f = *view_.facts;
+  const auto slot = std::find_if(f.tied.begin(), f.tied.end(), [&](const ir::TiedSlot& t) { return t.tie == tie; });
+  if (slot == f.tied.end()) throw std::logic_error(fmt::format("stage {} holds no copy of tie {}", view_.stage, tie));
+  if (!view_.replicated() || view_.zero() == 0) return grad_.narrow(0, slot->range.begin, slot->range.size());
+  const auto& buckets = f.replication.buckets;
+  const auto b = std::find(buckets.begin(), buckets.end(), slot->range);
+  if (b == buckets.end()) throw std::logic_error(fmt::format("stage {}: tie {} is not a bucket of its own", view_.stage, tie));
+  return shard_grad_[grad_shard_of_[static_cast<size_t>(b - buckets.begin())]];
+}
+
+void StageParams::mark_copies(const std::vector<size_t>& dense_indices) {
+  copy_.assign(dense_.size(), false);
+  for (size_t i : dense_indices) copy_.at(i) = true;
+}
+
+bool StageParams::is_copy(const ir::Range& r) const {
+  for (size_t i = 0; i < copy_.size(); ++i)
+    if (copy_[i] && r.begin >= offset_[i] && r.end <= offset_[i] + dense_[i].numel()) return true;
+  return false;
+}
+
 std::pair<double, double> StageParams::checksum(bool owner_of_replicated) const {
   double sum = 0, sumsq = 0;
   auto add = [&](const torch::Tensor& t) {  // in chunks: a double copy of a whole stage would double its memory
@@ -380,18 +412,23 @@ std::pair<double, double> StageParams::checksum(bool owner_of_replicated) const 
   };
   const ir::Replication& rep = view_.facts->replication;
   if (rep.axis >= 0 && rep.zero == 3) {
-    for (const auto& s : shard_param_) add(s);
+    for (size_t u = 0; u < shard_param_.size(); ++u)
+      if (!is_copy(rep.units[u])) add(shard_param_[u]);
   } else if (rep.axis >= 0 && rep.zero > 0) {
-    for (size_t b = 0; b < rep.buckets.size(); ++b) add(flat_.narrow(0, view_.my_shard(b).begin, view_.my_shard(b).size()));
-  } else if (owner_of_replicated) {
+    for (size_t b = 0; b < rep.buckets.size(); ++b)
+      if (!is_copy(rep.buckets[b])) add(flat_.narrow(0, view_.my_shard(b).begin, view_.my_shard(b).size()));
+  } else if (owner_of_replicated && copy_.empty()) {
     add(flat_);
+  } else if (owner_of_replicated) {
+    for (size_t i = 0; i < dense_.size(); ++i)  // a tied copy is counted where its original is
+      if (!copy_[i]) add(flat_.narrow(0, offset_[i], dense_[i].numel()));
   }
   if (expert_flat_.defined()) add(expert_flat_);
   return {sum, sumsq};
 }
 
 void StageParams::pieces(bool expert, int64_t at, const torch::Tensor& value, const torch::Tensor& m, const torch::Tensor& v,
-                         std::vector<StatePiece>& out) const {
+                         std::vector<StatePiece>& out, bool skip_copies) const {
   const std::vector<torch::Tensor>& params = expert ? experts_ : dense_;
   const Names& names = expert ? expert_names_ : dense_names_;
   const int64_t end = at + value.numel();
@@ -400,7 +437,7 @@ void StageParams::pieces(bool expert, int64_t at, const torch::Tensor& value, co
     const int64_t p0 = expert ? offset : offset_[i], n = params[i].numel();
     offset += n;
     const int64_t a = std::max(at, p0), b = std::min(end, p0 + n);
-    if (a >= b) continue;
+    if (a >= b || (skip_copies && !expert && !copy_.empty() && copy_[i])) continue;
     auto part = [&](const torch::Tensor& t) { return t.defined() ? t.narrow(0, a - at, b - a) : torch::Tensor(); };
     out.push_back(StatePiece{names.at(i).first, names.at(i).second, n, a - p0, b - p0, part(value), part(m), part(v)});
   }
@@ -413,7 +450,7 @@ std::vector<StatePiece> StageParams::saved_state(bool owner_of_replicated) const
   for (size_t k = 0; k < slots.size(); ++k) {
     const auto [expert, at] = slot_at_[k];
     if (!expert && replicated_whole && !owner_of_replicated) continue;
-    pieces(expert, at, slots[k].param, slots[k].exp_avg, slots[k].exp_avg_sq, out);
+    pieces(expert, at, slots[k].param, slots[k].exp_avg, slots[k].exp_avg_sq, out, /*skip_copies=*/true);
   }
   return out;
 }

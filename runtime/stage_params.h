@@ -73,6 +73,12 @@ class StageParams {
   void gather_unit(size_t unit, int consumers);    // ZeRO-3: before `consumers` pieces use the unit
   void release_units(const ir::Range& range);      // ZeRO-3: after a piece used them
   void update();
+  // The gradient of tied parameter `tie` that this rank steps (its shard with ZeRO), final after the
+  // stage's reductions; ALLREDUCE_T sums it with the other copies'.
+  torch::Tensor tied_grad(int32_t tie);
+  // Dense parameters that are a tied parameter's copy kept equal to a canonical one held by another
+  // stage: trained like the others, but left out of checkpoints and checksums (counted once).
+  void mark_copies(const std::vector<size_t>& dense_indices);
   // Sum and sum of squares of what this rank owns (its shards, or everything on replica 0).
   std::pair<double, double> checksum(bool owner_of_replicated) const;
   // What a checkpoint saves from this rank: the optimizer's parameters and moments it updates —
@@ -104,6 +110,7 @@ class StageParams {
   std::map<std::pair<int32_t, size_t>, torch::Tensor> mb_grads_;  // ZeRO-2/3: (microbatch, bucket) -> gradients
   FlatOptimizer optimizer_;
   Names dense_names_, expert_names_;
+  std::vector<bool> copy_;  // per dense parameter: a tied copy (mark_copies)
   std::vector<std::pair<bool, int64_t>> slot_at_;  // per optimizer slot: (expert layout?, first element)
   mutable std::mutex mu_;  // compute and comm streams share the maps above
 
@@ -113,10 +120,12 @@ class StageParams {
   std::vector<size_t> relative(const std::vector<int64_t>& shards) const;
   // The pieces of layout elements [at, at + len) (dense or expert layout) held in the given tensors.
   void pieces(bool expert, int64_t at, const torch::Tensor& value, const torch::Tensor& m, const torch::Tensor& v,
-              std::vector<StatePiece>& out) const;
+              std::vector<StatePiece>& out, bool skip_copies = false) const;
+  bool is_copy(const ir::Range& r) const;  // r lies within a tied copy
 };
 
-// The tensor of parameter `name` ("w" or "sub.w") of a module.
+// The tensor of parameter `name` ("w" or "sub.w") of a module; and replacing it.
 torch::Tensor module_parameter(const torch::jit::Module& m, const std::string& name);
+void set_module_parameter(const torch::jit::Module& m, const std::string& name, const torch::Tensor& t);
 
 }  // namespace piper::runtime

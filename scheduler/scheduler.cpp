@@ -115,7 +115,12 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, Dia
   }
   s.issue_after.assign(n, {});
 
-  auto group_size = [&](const Node& x) -> int64_t { return g.facts.mesh.size(x.axis); };
+  auto group_size = [&](const Node& x) -> int64_t {
+    if (x.payload == ir::Payload::Tied)  // the ranks at the pipeline coordinates that hold copies
+      for (const auto& t : g.facts.ties)
+        if (t.tie == x.bucket) return static_cast<int64_t>(t.coords.size());
+    return g.facts.mesh.size(x.axis);
+  };
   // A chunk's share of its stage's work: its piece's FLOPs over the stage's (evenly when unknown).
   std::vector<double> share(n, 1.0);
   for (size_t v = 0; v < n; ++v) {

@@ -4,6 +4,7 @@
 # compares every step's loss (1e-5 relative) and the final parameters (sum and sum of squares).
 # A strategy with `precision bf16` is compared with the reference in bf16 (fp32 master weights),
 # within 2e-4: the order in which microbatches' and replicas' bf16 gradients are summed differs.
+# PIPER_MODEL_ARGS adds piper-model flags (e.g. --tie-embeddings: the tied GPT).
 # Usage: equivalence_test.sh PIPER_MODEL PIPER_TRAIN_REF PIPER_RUN NP STRATEGY [--set ...]
 set -euo pipefail
 model_bin=$1 ref_bin=$2 run_bin=$3 np=$4 strategy=$5
@@ -15,7 +16,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY
 # Strategies that shard experts train the MoE zoo model; the rest the dense one.
 arch=gpt
 case "$strategy" in *_ep*|*ep2*) arch=moe ;; esac
-"$model_bin" "$arch" --layers 4 --d-model 32 --ffn 64 --seq 16 -o "$tmp/m.pt"
+# shellcheck disable=SC2086  # word splitting of the flags is intended
+"$model_bin" "$arch" --layers 4 --d-model 32 --ffn 64 --seq 16 ${PIPER_MODEL_ARGS:-} -o "$tmp/m.pt"
 common=(--data "$root/data/corpus.txt" --steps 20 --batch-size 8 --lr 1e-3 --seed 0)
 # A --seq-len among piper-run's extra arguments applies to the reference trainer too.
 ref_extra=()

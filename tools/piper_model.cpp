@@ -30,6 +30,8 @@ int main(int argc, char** argv) {
       sub->add_option("--experts", c.experts, "experts per layer")->capture_default_str();
       sub->add_option("--top-k", c.top_k, "experts per token")->capture_default_str();
     }
+    sub->add_flag("--tie-embeddings", c.tie_embeddings,
+                  "the output head's projection is the token embedding itself (tied weights, declared in the manifest)");
     sub->add_option("--seed", c.seed, "weight initialisation seed")->capture_default_str();
     sub->add_option("--name", c.name, "model name in the manifest");
     sub->add_option("-o,--output", out, "model.pt to write (or the manifest .json with --manifest-only)")->required();

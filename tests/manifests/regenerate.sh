@@ -15,3 +15,4 @@ out=${2:-$here}
   --manifest-only --no-measure -o "$out/gpt1b.json"
 "$model" moe --name moe7b --layers 24 --d-model 2048 --heads 16 --ffn 4096 --vocab 50304 --seq 2048 \
   --experts 16 --top-k 2 --manifest-only --no-measure -o "$out/moe7b.json"
+"$model" gpt --tie-embeddings --manifest-only -o "$out/gpt8_tied.json"
