@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Fuzzes the front end (parse + check + print + re-check) with libFuzzer, ASan and UBSan.
-# Usage: bench/fuzz.sh [SECONDS=60] [extra libFuzzer flags]. Seeds: tests/errors and strategies/;
+# Usage: bench/fuzz.sh [SECONDS=60] [extra libFuzzer flags]. PIPER_FUZZ_FAST=1: UBSan only (no ASan),
+# several times the inputs per second, in build-fuzz-fast/ (for million-input runs). Seeds: tests/errors and strategies/;
 # dictionary: bench/fuzz/piper.dict (keywords, integers at the edges, long and deep fragments).
 # Reports the number of inputs run; a crash leaves crash-* files and a reproducer command.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${1:-60}; shift || true
 "$root/scripts/setup.sh" "$root/build" >/dev/null   # the packages, and the grammar's generator
-build=$root/build-fuzz
+build=$root/build-fuzz sanitizers=address,undefined
+if [ -n "${PIPER_FUZZ_FAST:-}" ]; then build=$root/build-fuzz-fast sanitizers=undefined; fi
 if [ ! -f "$build/build.ninja" ]; then
   CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DPIPER_FUZZ=ON -DPIPER_BUILD_TESTS=OFF -DPIPER_WITH_TORCH=OFF >/dev/null
+    -DPIPER_FUZZ=ON -DPIPER_FUZZ_SANITIZERS=$sanitizers -DPIPER_BUILD_TESTS=OFF -DPIPER_WITH_TORCH=OFF >/dev/null
 fi
 cmake --build "$build" --target piper-fuzz >/dev/null
 corpus=$build/corpus

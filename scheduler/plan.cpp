@@ -111,7 +111,9 @@ PlanResult compile_checked(PlanResult r, const PlanOptions& o, SourceManager& so
     r.status = PlanStatus::Invalid;
     return r;
   }
-  Plan p{*r.manifest, s, std::move(*g), std::move(*sch), *costs, {}, 0};
+  // Moved, not copied: a pipeline's strategy holds one order record per task instance.
+  Plan p{*r.manifest, std::move(*r.strategy), std::move(*g), std::move(*sch), *costs, {}, 0};
+  r.strategy.reset();  // now plan->strategy
   p.memory = memory_use(p.dag, p.schedule, p.manifest, MemoryOptions{o.optimizer == "adamw"});
   p.hash = plan_hash(p.dag, p.schedule);
   r.timings.schedule_s = since(t);

@@ -50,7 +50,7 @@ struct PlanResult {
   PlanStatus status = PlanStatus::Ok;
   std::string io_error;             // IoError: what could not be read (a file, an option's value)
   std::optional<Manifest> manifest;  // as far as it got
-  std::optional<CheckedStrategy> strategy;
+  std::optional<CheckedStrategy> strategy;  // until a plan is made; then plan->strategy
   std::optional<Plan> plan;         // Ok only
   PlanTimings timings;
 };

@@ -38,6 +38,72 @@ struct Unit {  // what is scheduled at once: one node, or an overlap group's mem
   std::vector<NodeId> nodes;
 };
 
+// A candidate's rank: earliest start, then priority, microbatch, stage and node (a strict order, so
+// the schedule is deterministic).
+struct Best {
+  double est;
+  int prio;
+  int32_t mb, stage;
+  NodeId node;
+  int32_t res;
+  bool operator<(const Best& o) const {
+    return std::tie(est, prio, mb, stage, node) < std::tie(o.est, o.prio, o.mb, o.stage, o.node);
+  }
+};
+
+// One resource's ready candidates. A plain one (no overlap partner, no just-in-time anchor) can
+// start at max(free_at, its ready time), and free_at only grows: those not ready by free_at wait in
+// a heap by ready time; once free_at passes it they move to a heap by (priority, microbatch, stage,
+// node), where the earliest start no longer separates them. The best plain candidate is the top
+// of one of the two heaps — log time instead of a scan, so scheduling grows with the DAG, not with
+// the DAG times the ready list. The others are few and scanned.
+class ReadyQueue {
+ public:
+  void push(const Best& b, bool plain) {
+    if (!plain) return special_.push_back(b.node);
+    waiting_.push_back(b);
+    std::push_heap(waiting_.begin(), waiting_.end(), later);
+  }
+  // The best plain candidate if the resource is free from `free_at`.
+  std::optional<Best> best(double free_at) {
+    while (!waiting_.empty() && waiting_.front().est <= free_at) {
+      available_.push_back(waiting_.front());
+      std::pop_heap(waiting_.begin(), waiting_.end(), later);
+      waiting_.pop_back();
+      std::push_heap(available_.begin(), available_.end(), lower_rank);
+    }
+    if (!available_.empty()) {
+      Best b = available_.front();
+      b.est = free_at;
+      return b;
+    }
+    if (!waiting_.empty()) return waiting_.front();
+    return std::nullopt;
+  }
+  void remove(NodeId v) {  // v is a special candidate or the best plain one
+    if (auto it = std::find(special_.begin(), special_.end(), v); it != special_.end()) {
+      special_.erase(it);
+    } else if (!available_.empty() && available_.front().node == v) {
+      std::pop_heap(available_.begin(), available_.end(), lower_rank);
+      available_.pop_back();
+    } else {
+      PIPER_INTERNAL_ASSERT(!waiting_.empty() && waiting_.front().node == v, "scheduler: removing a candidate not at the top");
+      std::pop_heap(waiting_.begin(), waiting_.end(), later);
+      waiting_.pop_back();
+    }
+  }
+  const std::vector<NodeId>& special() const { return special_; }
+
+ private:
+  // std heaps keep the largest first: these put the best first.
+  static bool later(const Best& a, const Best& b) { return b < a; }
+  static bool lower_rank(const Best& a, const Best& b) {
+    return std::tie(b.prio, b.mb, b.stage, b.node) < std::tie(a.prio, a.mb, a.stage, a.node);
+  }
+  std::vector<Best> waiting_, available_;  // est: the ready time
+  std::vector<NodeId> special_;
+};
+
 }  // namespace
 
 std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, DiagnosticEngine& diags) {
@@ -83,9 +149,6 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, Dia
   std::vector<int32_t> pending(n);
   std::vector<double> ready_at(n, 0);
   for (size_t v = 0; v < n; ++v) pending[v] = adj.in_offsets[v + 1] - adj.in_offsets[v];
-  std::vector<std::vector<NodeId>> ready(resources.size());  // per resource, in becoming-ready order
-  for (size_t v = 0; v < n; ++v)
-    if (pending[v] == 0) ready[static_cast<size_t>(resource[v])].push_back(static_cast<NodeId>(v));
   std::vector<double> free_at(resources.size(), 0);
   std::vector<bool> done(n, false);
   std::vector<std::vector<NodeId>> order(resources.size());
@@ -131,6 +194,15 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, Dia
     for (const auto& sg : segs) total += sg.flops;
     share[v] = total > 0 ? double(segs[static_cast<size_t>(x.segment)].flops) / double(total) : 1.0 / double(segs.size());
   }
+  std::vector<ReadyQueue> ready(resources.size());
+  auto make_ready = [&](NodeId v) {
+    const Node& x = g.nodes[static_cast<size_t>(v)];
+    const int32_t r = resource[static_cast<size_t>(v)];
+    ready[static_cast<size_t>(r)].push(Best{ready_at[static_cast<size_t>(v)], priority(x.op), x.microbatch, x.stage, v, r},
+                                       x.overlap < 0 && anchor[static_cast<size_t>(v)] < 0);
+  };
+  for (size_t v = 0; v < n; ++v)
+    if (pending[v] == 0) make_ready(static_cast<NodeId>(v));
   // A candidate is schedulable when it (and every overlap partner) is ready.
   auto unit_of = [&](NodeId v) -> std::optional<Unit> {
     const Node& x = g.nodes[static_cast<size_t>(v)];
@@ -145,19 +217,10 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, Dia
 
   size_t remaining = n;
   while (remaining > 0) {
-    struct Best {
-      double est;
-      int prio;
-      int32_t mb, stage;
-      NodeId node;
-      int32_t res;
-      bool operator<(const Best& o) const {
-        return std::tie(est, prio, mb, stage, node) < std::tie(o.est, o.prio, o.mb, o.stage, o.node);
-      }
-    };
     std::optional<Best> best;
-    for (size_t r = 0; r < resources.size(); ++r)
-      for (NodeId v : ready[r]) {
+    for (size_t r = 0; r < resources.size(); ++r) {
+      if (auto b = ready[r].best(free_at[r]); b && (!best || *b < *best)) best = b;
+      for (NodeId v : ready[r].special()) {
         auto u = unit_of(v);
         if (!u) continue;
         double t = free_at[r];
@@ -171,11 +234,12 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, Dia
         Best b{t, priority(x.op), x.microbatch, x.stage, v, static_cast<int32_t>(r)};
         if (!best || b < *best) best = b;
       }
+    }
     if (!best) {
       // Nothing can start although work remains: co-scheduled tasks that wait on each other.
       std::vector<std::string> stuck;
       for (size_t r = 0; r < resources.size(); ++r)
-        for (NodeId v : ready[r])
+        for (NodeId v : ready[r].special())
           if (g.nodes[static_cast<size_t>(v)].overlap >= 0) {
             std::vector<std::string> partners;
             for (NodeId m : overlap.at(g.nodes[static_cast<size_t>(v)].overlap))
@@ -188,7 +252,7 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, Dia
       // Locate the error at the order that asked for the first stuck overlap.
       SourceLoc at;
       for (size_t r = 0; r < resources.size() && !at.valid(); ++r)
-        for (NodeId v : ready[r])
+        for (NodeId v : ready[r].special())
           if (int32_t o = g.nodes[static_cast<size_t>(v)].overlap; o >= 0 && size_t(o) < g.facts.overlap_locs.size()) {
             at = g.facts.overlap_locs[static_cast<size_t>(o)];
             break;
@@ -227,7 +291,7 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, Dia
       s.finish[static_cast<size_t>(m)] = k + 1 == u.nodes.size() ? finish : (at += part);
       done[static_cast<size_t>(m)] = true;
       order[static_cast<size_t>(best->res)].push_back(m);
-      rlist.erase(std::find(rlist.begin(), rlist.end(), m));
+      rlist.remove(m);
       --remaining;
     }
     for (NodeId m : u.nodes)
@@ -235,7 +299,7 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, Dia
         NodeId w = g.edges[static_cast<size_t>(adj.out_edges[static_cast<size_t>(k)])].dst;
         ready_at[static_cast<size_t>(w)] = std::max(ready_at[static_cast<size_t>(w)], finish);
         if (g.nodes[static_cast<size_t>(m)].flags & ir::kMaterialize) --gathers_pending[static_cast<size_t>(w)];
-        if (--pending[static_cast<size_t>(w)] == 0) ready[static_cast<size_t>(resource[static_cast<size_t>(w)])].push_back(w);
+        if (--pending[static_cast<size_t>(w)] == 0) make_ready(w);
       }
   }
 
