@@ -26,6 +26,9 @@ namespace fs = std::filesystem;
 constexpr int64_t kMaxMicrobatches = 4096;
 constexpr int64_t kMaxStageMicrobatches = 65'536;  // stages × microbatches: forward tasks per step
 constexpr int64_t kMaxWorld = 1 << 20;
+// Order statements run (instances of `order` lines inside loops): a plan within the task limit
+// needs a few per task; past this a loop bound is wrong, and recording them would take seconds.
+constexpr int64_t kMaxOrderStatements = 4 * kMaxStageMicrobatches;
 
 struct Value {
   enum class Type { Int, Bool };
@@ -187,6 +190,8 @@ class Checker {
   std::map<std::pair<int64_t, int64_t>, std::pair<bool, SourceLoc>> backward_form_;
   std::vector<PendingOrder> pending_;
   std::vector<size_t> pending_slots_;
+  // Per order statement: the names its tasks' arguments mention (an instance records only those).
+  std::map<const ast::OrderStmt*, std::vector<std::string>> order_names_;
   std::vector<std::optional<size_t>> sequences_;  // per open `sequence` block: its latest order
   std::vector<std::string> stack_;
   std::map<std::string, const ast::File*> parsed_;

@@ -268,11 +268,52 @@ void Checker::stmt(const ast::SplitStmt& sp, const ast::Stmt& s, Env& env, UseCo
   out_.directives.push_back(Directive{s.loc, SplitDirective{*n}, diags_.context()});
 }
 
+namespace {
+void names_in(const ast::Expr& e, std::vector<std::string>& out) {
+  if (e.kind == ast::Expr::Kind::Name) out.push_back(e.name);
+  if (e.lhs) names_in(*e.lhs, out);
+  if (e.rhs) names_in(*e.rhs, out);
+  for (const auto& a : e.args) {
+    if (a.expr) names_in(*a.expr, out);
+    if (a.selector)
+      for (const auto& part : a.selector->parts) {
+        if (part.lo) names_in(*part.lo, out);
+        if (part.hi) names_in(*part.hi, out);
+      }
+  }
+}
+}  // namespace
+
 void Checker::stmt(const ast::OrderStmt& o, const ast::Stmt& s, Env& env, UseContext&, FileId) {
   auto stream = check_stream(o.stream);
   if (!stream) return;
+  if (static_cast<int64_t>(pending_.size()) >= kMaxOrderStatements) {
+    if (!budget_reported_) {
+      diags_.error(s.loc, fmt::format("more than {} order statements run: a plan within the limits ({} stage × "
+                                      "microbatch tasks) needs far fewer; is a loop bound much too large?",
+                                      kMaxOrderStatements, kMaxStageMicrobatches));
+      budget_reported_ = true;
+    }
+    steps_ = opt_.max_steps;  // every loop stops here, as at the evaluation budget
+    return;
+  }
+  // An instance keeps the values of the names its tasks mention (bound ones; an unbound one is a
+  // quantified variable, or a typo whose suggestions need every name): small records for the
+  // thousands of instances a loop makes.
+  auto [names, fresh] = order_names_.emplace(&o, std::vector<std::string>{});
+  if (fresh)
+    for (const auto& group : o.chain)
+      for (const auto& t : group)
+        for (const auto& a : t.args) names_in(*a, names->second);
+  std::map<std::string, Var> bound;
+  bool all_bound = true;
+  for (const auto& n : names->second) {
+    if (const Var* v = env.find(n)) bound.emplace(n, *v);
+    else all_bound = false;
+  }
   // Tasks name stages, which exist only once every place has run: expand at the end.
-  PendingOrder p{&o, s.loc, env.flatten(), diags_.context(), *stream, std::nullopt, std::nullopt};
+  PendingOrder p{&o, s.loc, all_bound ? std::move(bound) : env.flatten(), diags_.context(), *stream, std::nullopt,
+                 std::nullopt};
   if (!sequences_.empty()) {
     p.in_sequence = true;
     p.prev = sequences_.back();
