@@ -32,10 +32,11 @@ placeTarget : 'over' axisRef placeMode?                                   # plac
             | 'on' coord (',' coord)*                                     # placeOn
             ;
 placeMode   : 'contiguous'                                                # modeContiguous
-            | 'interleaved' '(' expr ')'                                  # modeInterleaved
-            | 'vshape'                                                    # modeVshape
+            | 'interleaved' '(' expr ')' balance?                         # modeInterleaved
+            | 'vshape' balance?                                           # modeVshape
             | 'balanced'                                                  # modeBalanced
             ;
+balance     : 'balanced' ;                                                // chunks cut by cost
 coord       : NAME '=' expr ;
 
 replicateOpt: 'zero' expr                                                 # zeroOpt

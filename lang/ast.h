@@ -81,6 +81,7 @@ struct PlaceStmt {
   Mode mode = Mode::On;
   AxisRef axis;                  // for the `over` forms
   ExprPtr chunks;                // interleaved(v)
+  bool balanced = false;         // interleaved(v) balanced, vshape balanced: chunks cut by cost
   std::vector<Binding> coords;   // for `on pp=0, ...`
   std::optional<std::pair<std::string, SourceLoc>> stream;
 };

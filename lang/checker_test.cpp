@@ -65,6 +65,27 @@ TEST_CASE("balanced placement cuts by cost, unevenly where that evens the stages
   CHECK(print_strategy(*s, f.manifest).find("place layers[*] over pp balanced;") != std::string::npos);
 }
 
+TEST_CASE("interleaved and V-shape balanced: chunks cut by cost, placed as the even modes place them") {
+  // gpt1b by FLOPs: 24 blocks and a head as dear as about two blocks, into 8 chunks. Three blocks a
+  // chunk would leave the head's chunk at five; the bound is four, and the cut stays near the even
+  // share instead of crowding the first chunks.
+  Front f("gpt1b");
+  auto s = f.check("mesh pp = 4;\nplace embed on pp = 0;\nplace layers[*] over pp interleaved(2) balanced;\n"
+                   "place head on pp = 3;\n");
+  REQUIRE_MESSAGE(s, f.errors());
+  CHECK(stage_text(*s, f.manifest) ==
+        std::vector<std::string>{"embed, layers[0..2]@0.0", "layers[3..5]@1.0", "layers[6..8]@2.0", "layers[9..11]@3.0",
+                                 "layers[12..14]@0.1", "layers[15..18]@1.1", "layers[19..21]@2.1",
+                                 "layers[22..23], head@3.1"});
+  CHECK(print_strategy(*s, f.manifest).find("place layers[*] over pp interleaved(2) balanced;") != std::string::npos);
+  auto v = f.check("mesh pp = 4;\nplace embed on pp = 0;\nplace layers[*] over pp vshape balanced;\nplace head on pp = 0;\n");
+  REQUIRE_MESSAGE(v, f.errors());
+  const auto stages = stage_text(*v, f.manifest);
+  REQUIRE(stages.size() == 8);
+  CHECK(stages[4] == "layers[12..14]@3.1");  // down the V and back up
+  CHECK(stages[7] == "layers[22..23], head@0.1");
+}
+
 TEST_CASE("parameters: use arguments beat inherited names, which beat --set, which beats defaults") {
   Front f;
   CommandLine cmd;

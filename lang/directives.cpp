@@ -82,8 +82,9 @@ void Checker::stmt(const ast::PlaceStmt& p, const ast::Stmt& s, Env& env, UseCon
     } else if (p.mode == M::VShape) {
       groups = 2 * n;
     }
+    d.balanced = p.balanced;
     int64_t count = static_cast<int64_t>(d.regions.size());
-    if (p.mode == M::Balanced) {
+    if (p.mode == M::Balanced || p.balanced) {
       if (count < groups) {
         diags_.error(p.regions.front().loc, fmt::format("{} regions cannot be balanced over {} stages ({}={}): every stage "
                                                         "needs at least one",
@@ -124,7 +125,7 @@ void Checker::stmt(const ast::PlaceStmt& p, const ast::Stmt& s, Env& env, UseCon
     pl.loc = s.loc;
     if (d.mode == PlaceDirective::Mode::On) {
       pl.coord = d.coord;
-    } else if (d.mode == PlaceDirective::Mode::Balanced) {
+    } else if (d.mode == PlaceDirective::Mode::Balanced || d.balanced) {
       pl.coord = -1;  // cut once every placement is known (finish_placement)
       pl.group = std::make_pair(index, int64_t{-1});
     } else {
@@ -136,7 +137,7 @@ void Checker::stmt(const ast::PlaceStmt& p, const ast::Stmt& s, Env& env, UseCon
     }
     placed_[r] = pl;
   }
-  if (d.mode == PlaceDirective::Mode::Balanced) balanced_.push_back(Balanced{index, d.regions, n});
+  if (d.mode == PlaceDirective::Mode::Balanced || d.balanced) balanced_.push_back(Balanced{index, d.regions, n, groups, d.mode});
   out_.directives.push_back(Directive{s.loc, std::move(d), diags_.context()});
 }
 

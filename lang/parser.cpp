@@ -171,8 +171,10 @@ class Builder {
           if (auto* il = dynamic_cast<G::ModeInterleavedContext*>(m)) {
             pl.mode = ast::PlaceStmt::Mode::Interleaved;
             pl.chunks = expr(il->expr());
-          } else if (dynamic_cast<G::ModeVshapeContext*>(m)) {
+            pl.balanced = il->balance() != nullptr;
+          } else if (auto* vs = dynamic_cast<G::ModeVshapeContext*>(m)) {
             pl.mode = ast::PlaceStmt::Mode::VShape;
+            pl.balanced = vs->balance() != nullptr;
           } else if (dynamic_cast<G::ModeBalancedContext*>(m)) {
             pl.mode = ast::PlaceStmt::Mode::Balanced;
           }

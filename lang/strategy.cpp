@@ -99,8 +99,10 @@ std::string print_strategy(const CheckedStrategy& s, const Manifest& m) {
             switch (x.mode) {
               case PlaceDirective::Mode::On: target = fmt::format("on {} = {}", x.axis, x.coord); break;
               case PlaceDirective::Mode::Contiguous: target = fmt::format("over {}", x.axis); break;
-              case PlaceDirective::Mode::Interleaved: target = fmt::format("over {} interleaved({})", x.axis, x.chunks); break;
-              case PlaceDirective::Mode::VShape: target = fmt::format("over {} vshape", x.axis); break;
+              case PlaceDirective::Mode::Interleaved:
+                target = fmt::format("over {} interleaved({}){}", x.axis, x.chunks, x.balanced ? " balanced" : "");
+                break;
+              case PlaceDirective::Mode::VShape: target = fmt::format("over {} vshape{}", x.axis, x.balanced ? " balanced" : ""); break;
               case PlaceDirective::Mode::Balanced: target = fmt::format("over {} balanced", x.axis); break;
             }
             out += fmt::format("place {} {}{};\n", print_regions(x.regions, m), target, stream_clause(x.stream));

@@ -29,6 +29,7 @@ struct PlaceDirective {
   std::vector<RegionId> regions;  // pipeline (sequence) regions, in sequence order
   std::string axis;
   int64_t chunks = 1;  // Interleaved: model chunks (virtual stages) per rank
+  bool balanced = false;  // Interleaved, VShape: the chunks cut by cost (Balanced is the contiguous form)
   int64_t coord = 0;   // On: the coordinate on `axis`
   std::string stream;
 };
