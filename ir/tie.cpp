@@ -106,9 +106,9 @@ void tie_pass(LowerContext& c) {
       const StageFacts& first = g.stage(here.front());
       const Replication& rep = first.replication;
       const Range range = tied_slot(first, t)->range;
-      const int64_t elem = dtype_bytes(c.manifest.regions[static_cast<size_t>(c.manifest.ties[static_cast<size_t>(t)].members.front().region)]
-                                           .params[static_cast<size_t>(c.manifest.ties[static_cast<size_t>(t)].members.front().index)]
-                                           .dtype);
+      const TiedParam& canon = c.manifest.ties[static_cast<size_t>(t)].members.front();
+      const int64_t elem =
+          dtype_bytes(c.manifest.regions[static_cast<size_t>(canon.region)].params[static_cast<size_t>(canon.index)].dtype);
       // With ZeRO each rank sums only its shard of the tied bucket.
       const int64_t elems = rep.axis >= 0 && rep.zero >= 1 ? (range.size() + rep.ways - 1) / rep.ways : range.size();
       const Node& u = g.nodes[static_cast<size_t>(update[static_cast<size_t>(here.front())])];
