@@ -77,7 +77,12 @@ class Graph {
   std::vector<std::string> tensor_names;
   PlanFacts facts;  // what lowering decided, as data (ir/facts.h)
 
+  // Lowering stops once a plan passes this many nodes (LowerOptions::max_nodes): past it the plan
+  // cannot be scheduled and simulated in about a second. `add` throws TooLarge; ir::lower reports it.
+  size_t node_limit = SIZE_MAX;
+  struct TooLarge {};
   NodeId add(const Node& n) {
+    if (nodes.size() >= node_limit) throw TooLarge{};
     nodes.push_back(n);
     return static_cast<NodeId>(nodes.size() - 1);
   }

@@ -38,6 +38,23 @@ const std::vector<Pass>& passes() {
   };
   return table;
 }
+// The plan's size is the user's choice: locate the error at the split (microbatches multiply
+// every task) or, without one, at the first directive.
+void too_large(const CheckedStrategy& s, const char* pass, size_t limit, DiagnosticEngine& diags) {
+  const Directive* at = s.directives.empty() ? nullptr : &s.directives.front();
+  for (const Directive& d : s.directives)
+    if (std::holds_alternative<SplitDirective>(d.body)) at = &d;
+  auto& e = diags.error(at ? at->loc : SourceLoc{},
+                        fmt::format("the plan has more than {} DAG nodes, the limit (lowering pass '{}' went past it)",
+                                    limit, pass));
+  e.note(SourceLoc{}, fmt::format("{} microbatches over {} stages; each task becomes several nodes (pieces, "
+                                  "transfers, and per microbatch the ZeRO-2/3 reductions and gathers)",
+                                  s.microbatches, s.stages.size()));
+  e.note(SourceLoc{}, "fewer microbatches, fewer ZeRO-3 units, or fewer stages");
+  if (at)
+    for (const Note& n : at->used_from) e.notes.push_back(n);
+}
+
 }  // namespace
 
 const std::vector<PassInfo>& pass_list() {
@@ -58,8 +75,14 @@ std::optional<Graph> lower(const CheckedStrategy& s, const Manifest& m, Diagnost
   f.microbatches = s.microbatches;
   f.samples_per_microbatch = options.samples_per_microbatch;
   for (const auto& st : s.streams) c.graph.stream(st);
+  c.graph.node_limit = options.max_nodes;
   for (const Pass& p : passes()) {
-    p.run(c);
+    try {
+      p.run(c);
+    } catch (const Graph::TooLarge&) {
+      too_large(s, p.info.name, options.max_nodes, diags);
+      return std::nullopt;
+    }
     if (c.failed) return std::nullopt;
     if (options.verify_each) {
       auto problems = verify(c.graph, p.p2p_invariant);

@@ -18,10 +18,15 @@ struct PassInfo {
 };
 const std::vector<PassInfo>& pass_list();
 
+inline constexpr size_t kMaxDagNodes = 200'000;
+
 struct LowerOptions {
   int64_t samples_per_microbatch = 1;  // sizes messages; from --batch-size when known
   bool verify_each = false;            // run the verifier after every pass (tests, --verify-each)
   std::function<void(const char* pass, const Graph&)> after_pass;  // --print-after
+  // Past this many DAG nodes a plan is refused with a located error (lowering, scheduling and the
+  // memory model cost ~4 µs a node: 200,000 answer within a second). Benchmarks lift it.
+  size_t max_nodes = kMaxDagNodes;
 };
 
 // Returns nothing when the strategy cannot be lowered (a diagnostic says why, e.g. an order cycle).

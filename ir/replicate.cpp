@@ -10,6 +10,7 @@
 //           consumer; the first ones of a task are issued just in time by the scheduler.
 #include <fmt/format.h>
 
+#include <map>
 #include <set>
 
 #include "ir/pass.h"
@@ -49,13 +50,23 @@ void replicate_pass(LowerContext& c) {
     for (Edge& e : g.edges)
       if (e.dst == u && e.kind == EdgeKind::Data && e.label == grads) e.kind = EdgeKind::Dead;
     // Producers of a bucket's gradients: the B (or BW, where split) pieces over its range.
+    // Indexed by microbatch: ZeRO-2/3 asks per bucket and microbatch, and a scan of the stage's
+    // pieces each time made this pass quadratic in microbatches.
+    std::map<int32_t, std::vector<NodeId>> backwards;
+    for (NodeId v : chunks[s])
+      if (const Node& n = g.nodes[static_cast<size_t>(v)]; n.op == Op::B || n.op == Op::BW) backwards[n.microbatch].push_back(v);
     auto producers = [&](const Range& b, int32_t mb) {
       std::vector<NodeId> out;
-      for (NodeId v : chunks[s]) {
-        const Node& n = g.nodes[static_cast<size_t>(v)];
-        if ((n.op == Op::B || n.op == Op::BW) && (mb < 0 || n.microbatch == mb) && overlaps(range_of(v), b))
-          out.push_back(v);
+      auto take = [&](const std::vector<NodeId>& pieces) {
+        for (NodeId v : pieces)
+          if (overlaps(range_of(v), b)) out.push_back(v);
+      };
+      if (mb >= 0) {
+        if (auto it = backwards.find(mb); it != backwards.end()) take(it->second);
+      } else {
+        for (const auto& [m, pieces] : backwards) take(pieces);
       }
+      if (mb < 0) std::sort(out.begin(), out.end());  // the scan's order: by node
       return out;
     };
     for (int32_t k = 0; k < int32_t(rep.buckets.size()); ++k) {

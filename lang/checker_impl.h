@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 // Sizes past which lowering and simulation could not answer in reasonable time and memory (they
 // build tasks per rank, stage and microbatch): refused up front instead of hanging.
 constexpr int64_t kMaxMicrobatches = 4096;
-constexpr int64_t kMaxStageMicrobatches = 65'536;  // stages × microbatches: forward tasks per step
+constexpr int64_t kMaxStageMicrobatches = 16'384;  // stages × microbatches: forward tasks per step
 constexpr int64_t kMaxWorld = 1 << 20;
 // Order statements run (instances of `order` lines inside loops): a plan within the task limit
 // needs a few per task; past this a loop bound is wrong, and recording them would take seconds.
@@ -77,11 +77,14 @@ struct UseContext {
   std::map<std::string, Var> inherited;
 };
 
+// One `order` statement run, kept small: a loop makes hundreds of thousands of them.
 struct PendingOrder {
   const ast::OrderStmt* stmt;
   SourceLoc loc;
-  std::map<std::string, Var> env;
-  std::vector<Note> context;
+  const std::vector<std::string>* names;  // the names its tasks mention (the statement's, shared)
+  std::vector<Var> values;  // aligned with names; `what == nullptr` for an unbound (quantified) one
+  std::shared_ptr<const std::vector<Note>> context;  // shared by every order run in one `use`
+  size_t slot = 0;  // expanded in front of out_.directives[slot]: source order among the directives
   std::string stream;
   std::optional<size_t> prev;  // the order before this one in its `sequence` block
   std::optional<std::vector<Task>> last_group;  // filled on expansion, for the next one in the sequence
@@ -189,9 +192,15 @@ class Checker {
   std::map<RegionId, Placed> placed_;
   std::map<std::pair<int64_t, int64_t>, std::pair<bool, SourceLoc>> backward_form_;
   std::vector<PendingOrder> pending_;
-  std::vector<size_t> pending_slots_;
+  int64_t orders_run_ = 0;  // order statements run, recorded or not (kMaxOrderStatements)
+  std::shared_ptr<const std::vector<Note>> order_context_;  // diags_.context() as last recorded for orders
   // Per order statement: the names its tasks' arguments mention (an instance records only those).
-  std::map<const ast::OrderStmt*, std::vector<std::string>> order_names_;
+  struct OrderNames {
+    std::vector<std::string> names;
+    std::vector<const ast::Expr*> nested;  // names inside expressions, not a whole argument
+    bool reported = false;  // an unknown name reported once, not once per loop iteration
+  };
+  std::map<const ast::OrderStmt*, OrderNames> order_names_;
   std::vector<std::optional<size_t>> sequences_;  // per open `sequence` block: its latest order
   std::vector<std::string> stack_;
   std::map<std::string, const ast::File*> parsed_;

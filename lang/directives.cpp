@@ -270,16 +270,19 @@ void Checker::stmt(const ast::SplitStmt& sp, const ast::Stmt& s, Env& env, UseCo
 }
 
 namespace {
-void names_in(const ast::Expr& e, std::vector<std::string>& out) {
-  if (e.kind == ast::Expr::Kind::Name) out.push_back(e.name);
-  if (e.lhs) names_in(*e.lhs, out);
-  if (e.rhs) names_in(*e.rhs, out);
+void names_in(const ast::Expr& e, bool whole, std::vector<std::string>& names, std::vector<const ast::Expr*>& nested) {
+  if (e.kind == ast::Expr::Kind::Name) {
+    names.push_back(e.name);
+    if (!whole) nested.push_back(&e);
+  }
+  if (e.lhs) names_in(*e.lhs, false, names, nested);
+  if (e.rhs) names_in(*e.rhs, false, names, nested);
   for (const auto& a : e.args) {
-    if (a.expr) names_in(*a.expr, out);
+    if (a.expr) names_in(*a.expr, false, names, nested);
     if (a.selector)
       for (const auto& part : a.selector->parts) {
-        if (part.lo) names_in(*part.lo, out);
-        if (part.hi) names_in(*part.hi, out);
+        if (part.lo) names_in(*part.lo, false, names, nested);
+        if (part.hi) names_in(*part.hi, false, names, nested);
       }
   }
 }
@@ -288,7 +291,7 @@ void names_in(const ast::Expr& e, std::vector<std::string>& out) {
 void Checker::stmt(const ast::OrderStmt& o, const ast::Stmt& s, Env& env, UseContext&, FileId) {
   auto stream = check_stream(o.stream);
   if (!stream) return;
-  if (static_cast<int64_t>(pending_.size()) >= kMaxOrderStatements) {
+  if (orders_run_++ >= kMaxOrderStatements) {
     if (!budget_reported_) {
       diags_.error(s.loc, fmt::format("more than {} order statements run: a plan within the limits ({} stage × "
                                       "microbatch tasks) needs far fewer; is a loop bound much too large?",
@@ -298,22 +301,48 @@ void Checker::stmt(const ast::OrderStmt& o, const ast::Stmt& s, Env& env, UseCon
     steps_ = opt_.max_steps;  // every loop stops here, as at the evaluation budget
     return;
   }
-  // An instance keeps the values of the names its tasks mention (bound ones; an unbound one is a
-  // quantified variable, or a typo whose suggestions need every name): small records for the
-  // thousands of instances a loop makes.
-  auto [names, fresh] = order_names_.emplace(&o, std::vector<std::string>{});
+  // An instance keeps the values of the bound names its tasks mention: small records for the
+  // thousands of instances a loop makes. An unbound name is quantified when it is a whole task
+  // argument somewhere in the statement (`fwd(s, i) -> fwd(s, i + 1)`); anywhere else it is unknown,
+  // reported here once with the names in scope to suggest from.
+  auto [it, fresh] = order_names_.emplace(&o, OrderNames{});
+  OrderNames& on = it->second;
   if (fresh)
     for (const auto& group : o.chain)
       for (const auto& t : group)
-        for (const auto& a : t.args) names_in(*a, names->second);
-  std::map<std::string, Var> bound;
-  bool all_bound = true;
-  for (const auto& n : names->second) {
-    if (const Var* v = env.find(n)) bound.emplace(n, *v);
-    else all_bound = false;
+        for (const auto& a : t.args) names_in(*a, true, on.names, on.nested);
+  if (fresh) {
+    std::sort(on.names.begin(), on.names.end());
+    on.names.erase(std::unique(on.names.begin(), on.names.end()), on.names.end());
   }
-  // Tasks name stages, which exist only once every place has run: expand at the end.
-  PendingOrder p{&o, s.loc, all_bound ? std::move(bound) : env.flatten(), diags_.context(), *stream, std::nullopt,
+  std::vector<Var> values(on.names.size(), Var{Value{}, SourceLoc{}, nullptr});
+  for (size_t i = 0; i < on.names.size(); ++i)
+    if (const Var* v = env.find(on.names[i])) values[i] = *v;
+  for (const ast::Expr* e : on.nested) {
+    size_t i = std::lower_bound(on.names.begin(), on.names.end(), e->name) - on.names.begin();
+    if (e->name == "world" || values[i].what) continue;
+    bool quantified = false;
+    for (const auto& group : o.chain)
+      for (const auto& t : group)
+        for (const auto& a : t.args) quantified |= a->kind == ast::Expr::Kind::Name && a->name == e->name;
+    if (quantified) continue;
+    if (!on.reported) (void)lookup(*e, env);  // the unknown-name error, with suggestions
+    on.reported = true;
+    return;
+  }
+  // With an error already reported, no order is expanded (the plan is not lowered): run, not kept.
+  if (diags_.has_errors()) return;
+  // Orders run in one `use` share its context: one copy, not one per instance.
+  const auto& ctx = diags_.context();
+  auto same = [&](const std::vector<Note>& a) {
+    return a.size() == ctx.size() && std::equal(a.begin(), a.end(), ctx.begin(), [](const Note& x, const Note& y) {
+             return x.loc == y.loc && x.message == y.message;
+           });
+  };
+  if (!order_context_ || !same(*order_context_)) order_context_ = std::make_shared<const std::vector<Note>>(ctx);
+  // Tasks name stages, which exist only once every place has run: expand at the end, in front of
+  // the directive that follows this statement.
+  PendingOrder p{&o, s.loc, &on.names, std::move(values), order_context_, out_.directives.size(), *stream, std::nullopt,
                  std::nullopt};
   if (!sequences_.empty()) {
     p.in_sequence = true;
@@ -321,8 +350,6 @@ void Checker::stmt(const ast::OrderStmt& o, const ast::Stmt& s, Env& env, UseCon
     sequences_.back() = pending_.size();
   }
   pending_.push_back(std::move(p));
-  out_.directives.push_back(Directive{s.loc, OrderDirective{}, diags_.context()});
-  pending_slots_.push_back(out_.directives.size() - 1);
 }
 
 void Checker::stmt(const ast::RecomputeStmt& r, const ast::Stmt& s, Env& env, UseContext&, FileId) {

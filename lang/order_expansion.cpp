@@ -14,19 +14,25 @@ std::optional<TaskKind> Checker::task_kind(const std::string& name) {
 void Checker::finish_orders() {
   const int64_t stages = static_cast<int64_t>(out_.stages.size());
   std::vector<Directive> expanded;
-  size_t next_pending = 0;
-  for (size_t i = 0; i < out_.directives.size(); ++i) {
-    if (next_pending < pending_slots_.size() && pending_slots_[next_pending] == i) {
-      PendingOrder& p = pending_[next_pending++];
-      for (const Note& n : p.context) diags_.push_context(n.loc, n.message);
+  // Loops mostly run concrete orders, one instance each: reserve so that the large records are not
+  // moved over and over as the vector grows.
+  expanded.reserve(out_.directives.size() + pending_.size());
+  size_t next = 0;  // pending_ is in source order, so its slots never decrease
+  auto expand_up_to = [&](size_t slot) {
+    for (; next < pending_.size() && pending_[next].slot == slot; ++next) {
+      PendingOrder& p = pending_[next];
+      for (const Note& n : *p.context) diags_.push_context(n.loc, n.message);
       size_t errors = diags_.error_count();
       expand(p, stages, expanded);
       p.failed = diags_.error_count() > errors;
-      for (size_t k = 0; k < p.context.size(); ++k) diags_.pop_context();
-    } else {
-      expanded.push_back(std::move(out_.directives[i]));
+      for (size_t k = 0; k < p.context->size(); ++k) diags_.pop_context();
     }
+  };
+  for (size_t i = 0; i < out_.directives.size(); ++i) {
+    expand_up_to(i);
+    expanded.push_back(std::move(out_.directives[i]));
   }
+  expand_up_to(out_.directives.size());
   out_.directives = std::move(expanded);
 }
 
@@ -36,7 +42,11 @@ void Checker::expand(PendingOrder& p, int64_t stages, std::vector<Directive>& ou
   struct Free { std::string name; int64_t domain; };
   std::vector<Free> free;
   bool one_arg = false;
-  auto is_bound = [&](const std::string& n) { return p.env.count(n) || n == "world"; };
+  auto is_bound = [&](const std::string& n) {
+    if (n == "world") return true;
+    auto i = std::lower_bound(p.names->begin(), p.names->end(), n);
+    return i != p.names->end() && *i == n && p.values[i - p.names->begin()].what;
+  };
   for (const auto& group : p.stmt->chain)
     for (const auto& t : group) {
       if (!task_kind(t.kind)) {
@@ -85,8 +95,13 @@ void Checker::expand(PendingOrder& p, int64_t stages, std::vector<Directive>& ou
       return;
     }
 
+  // An order over free variables makes up to `combos` records: room for them at once (growing
+  // geometrically still), not a doubling per few thousand.
+  if (const size_t need = out.size() + static_cast<size_t>(combos); need > out.capacity())
+    out.reserve(std::max(need, 2 * out.capacity()));
   Env env;
-  for (const auto& [n, v] : p.env) env.frames.back()[n] = v;
+  for (size_t i = 0; i < p.names->size(); ++i)
+    if (p.values[i].what) env.frames.back()[(*p.names)[i]] = p.values[i];
   env.frames.emplace_back();
   std::vector<int64_t> idx(free.size(), 0);
   size_t produced = 0;
@@ -133,7 +148,7 @@ void Checker::expand(PendingOrder& p, int64_t stages, std::vector<Directive>& ou
     if (keep && !check_instance(p, d)) return;
     if (keep) {
       p.last_group = d.chain.back();
-      out.push_back(Directive{p.loc, std::move(d), p.context});
+      out.push_back(Directive{p.loc, std::move(d), *p.context});
       ++produced;
     }
     // The last free variable varies fastest, so instances read like nested loops in source order.
@@ -144,7 +159,7 @@ void Checker::expand(PendingOrder& p, int64_t stages, std::vector<Directive>& ou
   }
   // With these parameters no instance exists. In a library file that is by design (1F1B's
   // microbatch chains with mb = 1); in the user's own file it is probably a mistake: warn.
-  if (produced == 0 && p.context.empty()) {
+  if (produced == 0 && p.context->empty()) {
     std::vector<std::string> vars;
     for (const auto& f : free) if (f.name != kImplicitStage) vars.push_back(f.name);
     auto& d = diags_.warning(p.loc, fmt::format("this order matches no tasks: for every value of {} some task does "

@@ -171,6 +171,7 @@ class ClassModel {
       if (x.op == Op::B || x.op == Op::BW) last_backward_[key(x)] = v;
       if (x.op == Op::BI && !last_backward_.count(key(x))) last_backward_[key(x)] = v;
       if (x.op == Op::BI) bi_[key(x)] = v;
+      if (x.op == Op::F) forward_.emplace(key(x), v);  // the first, as a scan would find
       if (x.op == Op::ReduceScatter && x.microbatch >= 0) rs_[{x.stage, x.microbatch, x.bucket}] = v;
     }
   }
@@ -341,11 +342,8 @@ class ClassModel {
   }
 
   bool has_recompute(const Node& x) const {
-    for (NodeId v : nodes_) {
-      const Node& f = n(v);
-      if (f.op == Op::F && key(f) == key(x)) return f.flags & ir::kRecompute;
-    }
-    return false;
+    auto it = forward_.find(key(x));
+    return it != forward_.end() && (n(it->second).flags & ir::kRecompute);
   }
 
   // ZeRO-2/3: the backward's parameter gradients go to this microbatch's bucket buffers, freed once
@@ -448,7 +446,7 @@ class ClassModel {
   std::vector<NodeId> nodes_;
   int64_t instants_ = 0;
   std::vector<std::vector<NodeId>> consumers_;
-  std::map<std::tuple<int32_t, int32_t, int16_t>, NodeId> last_backward_, bi_;
+  std::map<std::tuple<int32_t, int32_t, int16_t>, NodeId> last_backward_, bi_, forward_;
   std::map<std::tuple<int32_t, int32_t, int32_t>, NodeId> rs_;
   std::set<std::tuple<int32_t, int32_t, int32_t>> bucket_open_;
   std::set<std::pair<int32_t, int32_t>> first_reduction_;

@@ -87,6 +87,7 @@ PlanResult compile_checked(PlanResult r, const PlanOptions& o, SourceManager& so
   ir::LowerOptions lo;
   lo.verify_each = o.verify_each;
   lo.after_pass = o.after_pass;
+  lo.max_nodes = o.max_nodes;
   if (o.cmd.batch_size) lo.samples_per_microbatch = std::max<int64_t>(1, s.samples_per_microbatch(*o.cmd.batch_size));
   auto t = Clock::now();
   auto g = ir::lower(s, *r.manifest, diags, lo);

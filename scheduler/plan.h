@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "ir/lower.h"
 #include "lang/frontend.h"
 #include "lang/manifest.h"
 #include "lang/strategy.h"
@@ -25,6 +26,7 @@ struct PlanOptions {
   bool verify_each = false;             // the DAG verifier after every lowering pass
   std::string optimizer = "adamw";      // what the executor will step (its state is part of memory)
   std::function<void(const char* pass, const ir::Graph&)> after_pass;  // --print-after
+  size_t max_nodes = ir::kMaxDagNodes;  // a larger plan is refused (benchmarks lift it)
 };
 
 struct Plan {
