@@ -29,6 +29,12 @@ int local_ranks() {
   return 1;
 }
 
+int local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"})
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  return 0;
+}
+
 int default_threads() {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, cores / local_ranks());

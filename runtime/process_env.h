@@ -7,6 +7,8 @@ namespace piper::runtime {
 
 // Ranks of this job on this node, from the launcher's environment (1 without one).
 int local_ranks();
+// This rank's index among them (its GPU), from the launcher's environment (0 without one).
+int local_rank();
 // This rank's default intra-op threads: the node's cores divided among its ranks, at least 1.
 int default_threads();
 

@@ -23,6 +23,17 @@ printf 'use "single.piper";\nprecision bf16;\n' >"$tmp/bf16.piper"
 expect 0 "step    1/1" "bf16 mixed precision trains" -- "$run" "$tmp/m.pt" "$tmp/bf16.piper" --steps 1 -I "$root/strategies"
 expect 1 "cannot open" "missing data file" -- "$run" "$tmp/m.pt" "$root/strategies/single.piper" --data "$tmp/none.txt"
 expect 0 "piper-run" "--version" -- "$run" --version
+expect 1 "--device cuda: the executor keeps tensors on the CPU" "--device cuda says what exists" -- \
+  "$run" "$tmp/m.pt" "$root/strategies/single.piper" --device cuda
+# NCCL needs a GPU: without one (CI) the rank says why and the job stops; with one, it trains.
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  expect 0 "step    1/1" "--comm nccl trains on a GPU machine" -- "$run" "$tmp/m.pt" "$root/strategies/single.piper" --steps 1 --comm nccl
+else
+  "$run" "$tmp/m.pt" "$root/strategies/single.piper" --steps 1 --comm nccl >"$tmp/out" 2>&1
+  if [ $? = 0 ] || ! grep -qE "error: --comm nccl on rank 0: (CUDA|this Piper was built without NCCL)" "$tmp/out"; then
+    echo "FAIL: --comm nccl without a GPU:"; cat "$tmp/out"; fails=$((fails + 1))
+  fi
+fi
 expect 2 "STRATEGY is required" "no strategy and no --profile" -- "$run" "$tmp/m.pt"
 # --profile writes a machine description with every region measured and a calibration; training
 # and the simulator read it.

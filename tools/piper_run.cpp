@@ -17,6 +17,7 @@
 #include "lang/units.h"
 #include "runtime/executor.h"
 #include "runtime/mpi_communicator.h"
+#include "runtime/nccl_communicator.h"
 #include "runtime/process_env.h"
 #include "runtime/profiler.h"
 #include "scheduler/plan.h"
@@ -107,6 +108,7 @@ int main(int argc, char** argv) {
   CLI::App app{"piper-run: train MODEL with STRATEGY; under mpirun, one executor per rank"};
   app.set_version_flag("--version", std::string("piper-run ") + PIPER_VERSION);
   std::string model, strategy, data_path = share_dir() + "/data/corpus.txt", metrics_path, trace_path;
+  std::string comm_backend = "mpi", device = "cpu";
   std::string optimizer = "adamw", memory_limit, profile_path, machine_path, checkpoint_dir, resume_dir, save_model;
   int64_t save_every = 0;
   double op_timeout = 300;
@@ -144,6 +146,13 @@ int main(int argc, char** argv) {
                  "seconds an op may run or wait before a watchdog reports every stream and ends the job (0: never)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--comm", comm_backend, "collectives and messages over mpi, or nccl (through the rank's GPU; "
+                 "tensors stay on the CPU)")
+      ->check(CLI::IsMember({"mpi", "nccl"}))
+      ->capture_default_str();
+  app.add_option("--device", device, "where tensors live: cpu (cuda is not built yet: docs/runtime.md)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   app.add_option("--save-model", save_model, "write the trained model as a TorchScript model.pt with its manifest");
   try {
     app.parse(argc, argv);
@@ -166,6 +175,20 @@ int main(int argc, char** argv) {
     if (lead) fmt::print(stderr, "{}{}", msg, msg.ends_with('\n') ? "" : "\n");
     return 1;
   };
+  if (device == "cuda")
+    return fail("piper-run: error: --device cuda: the executor keeps tensors on the CPU in this version (no CUDA "
+                "streams or device tensors yet); --comm nccl moves its communication through the GPU");
+  if (comm_backend == "nccl") {
+    // MPI stays underneath: it starts the job, carries the NCCL ids and ends the job on a failure.
+    try {
+      auto api = make_nccl_api(local_rank());
+      if (lead) fmt::print(stderr, "piper-run: communication over {}\n", api->describe());
+      comm = make_nccl_communicator(std::move(comm), std::move(api));
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "piper-run: error: --comm nccl on rank {}: {}\n", comm->rank(), e.what());
+      comm->abort("NCCL could not start");
+    }
+  }
 
   if (!profile_path.empty()) {
     try {
