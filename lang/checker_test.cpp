@@ -98,6 +98,11 @@ TEST_CASE("parameters: use arguments beat inherited names, which beat --set, whi
   auto inherited = f.check("param pp = 2;\nuse \"1f1b.piper\";\n");
   REQUIRE_MESSAGE(inherited, f.errors());
   CHECK(inherited->axis_size("pp") == 2);
+  // Through a composition that declares nothing (1f1b_zero3.piper uses 1f1b.piper and zero3.piper).
+  auto through = f.check("param pp = 2;\nparam dp = 2;\nuse \"1f1b_zero3.piper\";\n");
+  REQUIRE_MESSAGE(through, f.errors());
+  CHECK(through->axis_size("pp") == 2);
+  CHECK(through->axis_size("dp") == 2);
 
   cmd.sets = {"mb=4"};
   auto arg = f.check("param mb = 2;\nuse \"1f1b.piper\" (pp = 2, mb = 3 * mb);\n", cmd);

@@ -24,7 +24,7 @@ std::optional<std::string> Checker::find_strategy(const std::string& path, FileI
   return std::nullopt;
 }
 
-void Checker::stmt(const ast::UseStmt& u, const ast::Stmt& s, Env& env, UseContext&, FileId file) {
+void Checker::stmt(const ast::UseStmt& u, const ast::Stmt& s, Env& env, UseContext& outer, FileId file) {
   auto path = find_strategy(u.path, file, u.path_loc);
   if (!path) return;
   std::string canon = fs::weakly_canonical(*path).string();
@@ -49,7 +49,10 @@ void Checker::stmt(const ast::UseStmt& u, const ast::Stmt& s, Env& env, UseConte
     }
     inner.args[a.name] = {*v, a.loc};
   }
-  inner.inherited = env.flatten();
+  // What this file sees, and what it inherited itself: a composition (1f1b_zero3.piper uses
+  // 1f1b.piper and zero3.piper, declaring nothing) passes the user's `pp`, `mb`, `dp` through.
+  inner.inherited = outer.inherited;
+  for (auto& [n, v] : env.flatten()) inner.inherited[n] = std::move(v);
   const ast::File* used = load(canon);
   if (!used) return;
   stack_.push_back(canon);

@@ -1,0 +1,98 @@
+// piper-tune's search on a toy cost model with a known optimum, under a memory budget, and the
+// plan it writes (which must check to the same prediction).
+#include "scheduler/tune.h"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include "tests/plan_fixture.h"
+
+using namespace piper;
+using namespace piper::sched;
+using piper::testing::Planner;
+
+namespace {
+TuneOptions toy(int64_t np) {
+  TuneOptions o;
+  o.np = np;
+  o.batch_size = 8;
+  o.cost_spec = "F=1,B=2,W=1,comm=0";
+  o.library = {"gpipe.piper", "1f1b.piper", "zb1p.piper"};
+  o.search_path = {PIPER_STRATEGY_DIR};
+  return o;
+}
+const Candidate* find(const std::vector<Candidate>& list, const std::string& label) {
+  for (const auto& c : list)
+    if (c.label() == label) return &c;
+  return nullptr;
+}
+}  // namespace
+
+TEST_CASE("piper-tune on unit costs finds the known optimum: ZB1P's split backward at the fewest microbatches") {
+  Planner f("gpt8");
+  const TuneResult r = tune(f.manifest, toy(2));
+  REQUIRE(!r.ranked.empty());
+  // Unit costs price a microbatch alike at any size, so fewer microbatches win; at pp=2 1F1B and
+  // GPipe take (m + 1)(F + B) and ZB1P, whose weight gradients fill the drain, less.
+  for (int64_t m : {1, 2, 4, 8}) {
+    CAPTURE(m);
+    const Candidate* c = find(r.ranked, fmt::format("1f1b pp=2 mb={}", m));
+    REQUIRE(c);
+    CHECK(c->step_time == doctest::Approx(3.0 * double(m + 1)));
+    const Candidate* z = find(r.ranked, fmt::format("zb1p pp=2 mb={}", m));
+    REQUIRE(z);
+    CHECK(z->step_time < c->step_time);
+  }
+  CHECK(r.ranked.front().label() == "zb1p pp=2 mb=1");
+  CHECK(r.ranked.front().step_time == doctest::Approx(5.0));
+  for (size_t i = 1; i < r.ranked.size(); ++i) CHECK(r.ranked[i - 1].step_time <= r.ranked[i].step_time);
+  // pp=1 has no pipeline to place: rejected by the checker, with its reason.
+  CHECK(!r.rejected.empty());
+  for (const auto& c : r.rejected) CHECK(!c.rejected.empty());
+  // Deterministic: the same search ranks the same way.
+  const TuneResult again = tune(f.manifest, toy(2));
+  REQUIRE(again.ranked.size() == r.ranked.size());
+  for (size_t i = 0; i < r.ranked.size(); ++i) CHECK(again.ranked[i].label() == r.ranked[i].label());
+}
+
+TEST_CASE("piper-tune under a memory budget: 1F1B's bounded activations win when ZB1P and GPipe do not fit") {
+  Planner f("gpt8");
+  const TuneResult all = tune(f.manifest, toy(2));
+  const Candidate* m4 = find(all.ranked, "1f1b pp=2 mb=4");
+  const Candidate* m2 = find(all.ranked, "1f1b pp=2 mb=2");
+  REQUIRE((m4 && m2));
+  REQUIRE(m4->peak_bytes < m2->peak_bytes);  // 1F1B: smaller microbatches, less in flight
+  TuneOptions o = toy(2);
+  o.memory_budget = double(m4->peak_bytes + m2->peak_bytes) / 2;
+  const TuneResult r = tune(f.manifest, o);
+  REQUIRE(!r.ranked.empty());
+  CHECK(r.ranked.front().label() == "1f1b pp=2 mb=4");  // the fastest of what fits
+  for (const auto& c : r.ranked) CHECK(double(c.peak_bytes) <= *o.memory_budget);
+  CHECK(find(r.rejected, "zb1p pp=2 mb=1")->rejected.find("over the budget") != std::string::npos);
+}
+
+TEST_CASE("the plan piper-tune writes checks, and simulates to what it predicted") {
+  for (const char* model : {"gpt8", "moe8"}) {
+    CAPTURE(model);
+    Planner f(model);
+    TuneOptions o;
+    o.np = 4;
+    o.batch_size = 16;
+    o.search_path = {PIPER_STRATEGY_DIR};  // the whole library
+    const TuneResult r = tune(f.manifest, o);
+    REQUIRE(!r.ranked.empty());
+    for (size_t i : {size_t(0), r.ranked.size() / 2, r.ranked.size() - 1}) {
+      const Candidate& c = r.ranked[i];
+      CAPTURE(c.label());
+      PlanOptions po;
+      po.cmd.np = o.np;
+      po.cmd.batch_size = o.batch_size;
+      auto p = f.compile(candidate_text(c, model, o), po);
+      REQUIRE_MESSAGE(p, f.errors());
+      CHECK(p->schedule.step_time == doctest::Approx(c.step_time));
+      int64_t peak = 0;
+      for (const auto& u : p->memory) peak = std::max(peak, u.peak);
+      CHECK(peak == c.peak_bytes);
+    }
+  }
+}
