@@ -22,16 +22,18 @@ k = int(sys.argv[2])
 rest = ranked[k:]
 random.Random(1).shuffle(rest)
 for c in ranked[:k] + rest[:k]:
-    print(c["strategy"], c["step_time"], " ".join(f"{n}={v}" for n, v in c["params"].items()))
+    print(c["strategy"], int(c["recompute"]), c["step_time"], " ".join(f"{n}={v}" for n, v in c["params"].items()))
 PY
   i=0
-  while read -r file predicted params; do
+  while read -r file recompute predicted params; do
     sets=()
     for s in $params; do sets+=(--set "$s"); done
-    mpirun -np "$np" --oversubscribe "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/$file" "${sets[@]}" \
+    printf 'use "%s";\n' "$file" >"$tmp/plan$np.$i.piper"
+    [ "$recompute" = 1 ] && printf 'recompute layers[*];\n' >>"$tmp/plan$np.$i.piper"
+    mpirun -np "$np" --oversubscribe "$build/tools/piper-run" "$tmp/m.pt" "$tmp/plan$np.$i.piper" -I "$root/strategies" "${sets[@]}" \
       "${common[@]}" --machine "$tmp/machine.json" --metrics "$tmp/run$np.$i.jsonl" </dev/null >/dev/null 2>"$tmp/run$np.$i.err" ||
       echo "failed" >"$tmp/run$np.$i.jsonl"
-    echo "$file $predicted $params" >"$tmp/run$np.$i.plan"
+    echo "$file $recompute $predicted $params" >"$tmp/run$np.$i.plan"
     i=$((i + 1))
   done <"$tmp/pick$np.txt"
   /usr/bin/python3 - "$tmp" "$np" "$i" <<'PY'
@@ -39,9 +41,9 @@ import json, statistics, sys
 tmp, np, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rows = []
 for i in range(n):
-    file, predicted, *params = open(f"{tmp}/run{np}.{i}.plan").read().split()
+    file, recompute, predicted, *params = open(f"{tmp}/run{np}.{i}.plan").read().split()
     steps = [json.loads(l)["step_s"] for l in open(f"{tmp}/run{np}.{i}.jsonl") if '"step_s"' in l]
-    label = file.removesuffix(".piper") + " " + " ".join(params)
+    label = file.removesuffix(".piper") + " " + " ".join(params) + (" +recompute" if recompute == "1" else "")
     rows.append((label, float(predicted), statistics.median(steps[3:]) if len(steps) > 3 else None))
 ok = [r for r in rows if r[2] is not None]
 def ranks(xs):
@@ -53,9 +55,9 @@ rp, rm = ranks([r[1] for r in ok]), ranks([r[2] for r in ok])
 m = len(ok)
 rho = 1 - 6 * sum((a - b) ** 2 for a, b in zip(rp, rm)) / (m * (m * m - 1)) if m > 1 else float("nan")
 print(f"N={np}: {len(rows)} plans run ({len(rows) - m} failed)")
-print(f"  {'plan':<36} {'predicted':>10} {'measured':>10}")
+print(f"  {'plan':<46} {'predicted':>10} {'measured':>10}")
 for label, p, r in rows:
-    print(f"  {label:<36} {p * 1e3:>8.1f}ms {'failed' if r is None else f'{r * 1e3:8.1f}ms':>10}")
+    print(f"  {label:<46} {p * 1e3:>8.1f}ms {'failed' if r is None else f'{r * 1e3:8.1f}ms':>10}")
 best = min(ok, key=lambda r: r[2])
 picked = ok[0] if ok and ok[0] == rows[0] else None
 print(f"  Spearman rank correlation, predicted vs measured: {rho:.2f}")

@@ -194,6 +194,19 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, Dia
     for (const auto& sg : segs) total += sg.flops;
     share[v] = total > 0 ? double(segs[static_cast<size_t>(x.segment)].flops) / double(total) : 1.0 / double(segs.size());
   }
+  // A recomputed piece runs its forward again before its backward (B, or BI where split): its cost
+  // goes on that op.
+  std::vector<NodeId> recomputed(n, -1);
+  {
+    std::map<std::tuple<int32_t, int32_t, int16_t>, NodeId> forwards;
+    for (size_t v = 0; v < n; ++v)
+      if (g.nodes[v].op == Op::F && (g.nodes[v].flags & ir::kRecompute))
+        forwards[{g.nodes[v].stage, g.nodes[v].microbatch, g.nodes[v].segment}] = static_cast<NodeId>(v);
+    if (!forwards.empty())
+      for (size_t v = 0; v < n; ++v)
+        if (const Node& x = g.nodes[v]; x.op == Op::B || x.op == Op::BI)
+          if (auto it = forwards.find({x.stage, x.microbatch, x.segment}); it != forwards.end()) recomputed[v] = it->second;
+  }
   std::vector<ReadyQueue> ready(resources.size());
   // A just-in-time gather is parked on its anchor until the anchor waits for nothing but gathers
   // (the condition never reverts): the candidates scanned each step stay few, not every gather of
@@ -277,8 +290,12 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, Dia
     }
     Unit u = *unit_of(best->node);
     std::vector<double> member;  // each member's own cost
-    for (NodeId m : u.nodes)
-      member.push_back(costs.cost(g, g.nodes[static_cast<size_t>(m)], group_size(g.nodes[static_cast<size_t>(m)]), share[static_cast<size_t>(m)]));
+    for (NodeId m : u.nodes) {
+      double c = costs.cost(g, g.nodes[static_cast<size_t>(m)], group_size(g.nodes[static_cast<size_t>(m)]), share[static_cast<size_t>(m)]);
+      if (NodeId f = recomputed[static_cast<size_t>(m)]; f >= 0)
+        c += costs.cost(g, g.nodes[static_cast<size_t>(f)], group_size(g.nodes[static_cast<size_t>(f)]), share[static_cast<size_t>(f)]);
+      member.push_back(c);
+    }
     double dur = 0;
     for (double c : member) dur += c;
     const double sum = dur;

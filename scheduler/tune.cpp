@@ -68,7 +68,7 @@ bool is_axis(const std::string& n) { return n == "pp" || n == "dp" || n == "ep";
 std::string Candidate::label() const {
   std::string s = strategy.substr(0, strategy.rfind(".piper"));
   for (const auto& [n, v] : sets) s += fmt::format(" {}={}", n, v);
-  return s;
+  return recompute ? s + " +recompute" : s;
 }
 
 std::vector<std::string> strategy_params(const std::string& path, const std::vector<std::string>& search_path) {
@@ -100,14 +100,24 @@ TuneResult tune(const Manifest& m, const TuneOptions& o) {
       if (!values_of(n, o.np).empty()) params.push_back(n);
     std::vector<size_t> idx(params.size(), 0);
     while (true) {
-      Candidate c{file, {}, "", 0, 0, 0};
+      Candidate c;
+      c.strategy = file;
       int64_t world = 1;
       for (size_t i = 0; i < params.size(); ++i) {
         const int64_t v = values_of(params[i], o.np)[idx[i]];
         c.sets.emplace_back(params[i], v);
         if (is_axis(params[i])) world *= v;
       }
-      if (world == o.np) all.push_back(std::move(c));
+      if (world == o.np) {
+        if (o.recompute) {
+          Candidate rc = c;
+          rc.recompute = true;
+          all.push_back(std::move(c));
+          all.push_back(std::move(rc));
+        } else {
+          all.push_back(std::move(c));
+        }
+      }
       size_t i = params.size();
       while (i-- > 0) {
         if (++idx[i] < values_of(params[i], o.np).size()) break;
@@ -130,7 +140,8 @@ TuneResult tune(const Manifest& m, const TuneOptions& o) {
     po.machine_path = o.machine_path;
     po.cost_spec = o.cost_spec;
     po.memory_budget = o.memory_budget;
-    const FileId id = sm.add(fmt::format("{}/tune.piper", path.front()), fmt::format("use \"{}\";\n", c.strategy));
+    const FileId id = sm.add(fmt::format("{}/tune.piper", path.front()),
+                             fmt::format("use \"{}\";\n{}", c.strategy, c.recompute ? "recompute layers[*];\n" : ""));
     auto res = compile_plan(id, m, po, sm, diags);
     if (!res.plan) {
       c.rejected = diags.all().empty() ? res.io_error : diags.all().front().message;
@@ -162,6 +173,7 @@ std::string candidate_text(const Candidate& c, const std::string& model, const T
                    o.machine_path.empty() ? "unit costs" : o.machine_path, 100 * c.bubble, human_bytes(double(c.peak_bytes)));
   for (const auto& [n, v] : c.sets) s += fmt::format("param {} = {};\n", n, v);
   s += fmt::format("use \"{}\";\n", c.strategy);
+  if (c.recompute) s += "recompute layers[*];  # activations recomputed in the backward: less memory, more time\n";
   return s;
 }
 

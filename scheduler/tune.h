@@ -21,17 +21,19 @@ struct TuneOptions {
   std::string machine_path, cost_spec;  // costs, as piper-check takes them (both empty: unit costs)
   std::vector<std::string> library;     // strategy files to search (empty: every file of the library folder)
   std::vector<std::string> search_path;  // where `use` and the library are found (empty: the default)
+  bool recompute = true;  // also each plan with its blocks' activations recomputed (`layers[*]`, the library's name)
   std::function<void(size_t done, size_t total)> progress;
 };
 
 struct Candidate {
   std::string strategy;                               // a library file name, e.g. "1f1b.piper"
   std::vector<std::pair<std::string, int64_t>> sets;  // its parameters, in the file's order
+  bool recompute = false;                             // `recompute layers[*];` added: activations recomputed
   std::string rejected;                               // why not ("" when it is a valid plan)
   double step_time = 0;                               // simulated (seconds with a machine, else units)
   double bubble = 0;                                  // mean idle fraction of the ranks' compute streams
   int64_t peak_bytes = 0;                             // the fullest rank's predicted peak
-  std::string label() const;                          // "1f1b pp=2 mb=8"
+  std::string label() const;                          // "1f1b pp=2 mb=8", "+recompute" when set
 };
 
 struct TuneResult {

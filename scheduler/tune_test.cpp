@@ -19,6 +19,7 @@ TuneOptions toy(int64_t np) {
   o.cost_spec = "F=1,B=2,W=1,comm=0";
   o.library = {"gpipe.piper", "1f1b.piper", "zb1p.piper"};
   o.search_path = {PIPER_STRATEGY_DIR};
+  o.recompute = false;
   return o;
 }
 const Candidate* find(const std::vector<Candidate>& list, const std::string& label) {
@@ -81,7 +82,13 @@ TEST_CASE("the plan piper-tune writes checks, and simulates to what it predicted
     o.search_path = {PIPER_STRATEGY_DIR};  // the whole library
     const TuneResult r = tune(f.manifest, o);
     REQUIRE(!r.ranked.empty());
-    for (size_t i : {size_t(0), r.ranked.size() / 2, r.ranked.size() - 1}) {
+    std::vector<size_t> picks{0, r.ranked.size() / 2, r.ranked.size() - 1};
+    for (size_t i = 0; i < r.ranked.size(); ++i)  // and a plan with recomputation
+      if (r.ranked[i].recompute) {
+        picks.push_back(i);
+        break;
+      }
+    for (size_t i : picks) {
       const Candidate& c = r.ranked[i];
       CAPTURE(c.label());
       PlanOptions po;
@@ -95,4 +102,23 @@ TEST_CASE("the plan piper-tune writes checks, and simulates to what it predicted
       CHECK(peak == c.peak_bytes);
     }
   }
+}
+
+TEST_CASE("piper-tune with recomputation: it saves memory and costs time, and wins only under a budget") {
+  Planner f("gpt8");
+  TuneOptions o = toy(2);
+  o.recompute = true;
+  const TuneResult all = tune(f.manifest, o);
+  const Candidate* plain = find(all.ranked, "1f1b pp=2 mb=2");
+  const Candidate* rc = find(all.ranked, "1f1b pp=2 mb=2 +recompute");
+  REQUIRE((plain && rc));
+  CHECK(rc->peak_bytes < plain->peak_bytes);
+  CHECK(rc->step_time > plain->step_time);
+  CHECK(!all.ranked.front().recompute);  // without a budget, recomputing only costs
+  // A budget just under the plain plan's peak: the recomputing one fits, and the plain one is
+  // rejected for memory.
+  o.memory_budget = double(plain->peak_bytes) - 1;
+  const TuneResult tight = tune(f.manifest, o);
+  CHECK(find(tight.ranked, "1f1b pp=2 mb=2 +recompute"));
+  CHECK(find(tight.rejected, "1f1b pp=2 mb=2")->rejected.find("over the budget") != std::string::npos);
 }

@@ -32,8 +32,11 @@ int main(int argc, char** argv) {
   app.add_option("--strategy", library, "search only these library files (repeatable)");
   app.add_option("-I,--include", include, "extra folder for the library and `use`");
   app.add_flag("--json", json, "every candidate as JSON on stdout, for scripts");
+  bool no_recompute = false;
+  app.add_flag("--no-recompute", no_recompute, "do not also try each plan with its blocks' activations recomputed");
   CLI11_PARSE(app, argc, argv);
   if (batch > 0) o.batch_size = batch;
+  o.recompute = !no_recompute;
   if (!budget_text.empty()) {
     auto b = parse_size(budget_text);
     if (!b) {
@@ -72,6 +75,7 @@ int main(int argc, char** argv) {
       for (const auto& c : *list) {
         nlohmann::json j = {{"plan", c.label()}, {"strategy", c.strategy}, {"params", nlohmann::json::object()}};
         for (const auto& [n, v] : c.sets) j["params"][n] = v;
+        j["recompute"] = c.recompute;
         if (c.rejected.empty()) {
           j["step_time"] = c.step_time;
           j["bubble"] = c.bubble;
@@ -89,7 +93,7 @@ int main(int argc, char** argv) {
                seconds, seconds > 0 ? 60 * double(r.plans()) / seconds : 0.0);
     if (r.unit_costs)
       fmt::print("unit costs price every microbatch alike whatever its size: pass --machine for a ranking of real plans\n");
-    fmt::print("{:>4}  {:<34} {:>12} {:>12} {:>7} {:>12}\n", "rank", "plan", fmt::format("step ({})", unit),
+    fmt::print("{:>4}  {:<44} {:>12} {:>12} {:>7} {:>12}\n", "rank", "plan", fmt::format("step ({})", unit),
                r.unit_costs ? "" : "tokens/s", "bubble", "peak/rank");
     const auto& in = loaded.manifest->regions[static_cast<size_t>(loaded.manifest->sequence.front())].input;
     const int64_t seq = in && !in->shape.empty() ? in->shape[0] : 0;
@@ -98,7 +102,7 @@ int main(int argc, char** argv) {
       std::string tps = !r.unit_costs && o.batch_size && c.step_time > 0
                             ? fmt::format("{:.0f}", double(*o.batch_size * seq) / c.step_time)
                             : "";
-      fmt::print("{:>4}  {:<34} {:>12.6g} {:>12} {:>6.1f}% {:>12}\n", i + 1, c.label(), c.step_time, tps, 100 * c.bubble,
+      fmt::print("{:>4}  {:<44} {:>12.6g} {:>12} {:>6.1f}% {:>12}\n", i + 1, c.label(), c.step_time, tps, 100 * c.bubble,
                  human_bytes(double(c.peak_bytes)));
     }
     // The near misses: rejected plans of the library files that also had valid ones, first reasons.
@@ -107,7 +111,7 @@ int main(int argc, char** argv) {
       if (shown == 5) break;
       if (c.rejected.find("over the budget") == std::string::npos && c.rejected.find("deadlock") == std::string::npos) continue;
       if (shown++ == 0) fmt::print("rejected (near misses):\n");
-      fmt::print("      {:<34} {}\n", c.label(), c.rejected);
+      fmt::print("      {:<44} {}\n", c.label(), c.rejected);
     }
   }
   if (r.ranked.empty()) {
