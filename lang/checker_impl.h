@@ -197,7 +197,7 @@ class Checker {
   // Per order statement: the names its tasks' arguments mention (an instance records only those).
   struct OrderNames {
     std::vector<std::string> names;
-    std::vector<const ast::Expr*> nested;  // names inside expressions, not a whole argument
+    std::vector<const ast::Expr*> nested;  // names only inside expressions: these must be bound
     bool reported = false;  // an unknown name reported once, not once per loop iteration
   };
   std::map<const ast::OrderStmt*, OrderNames> order_names_;

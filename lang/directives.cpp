@@ -307,25 +307,28 @@ void Checker::stmt(const ast::OrderStmt& o, const ast::Stmt& s, Env& env, UseCon
   // reported here once with the names in scope to suggest from.
   auto [it, fresh] = order_names_.emplace(&o, OrderNames{});
   OrderNames& on = it->second;
-  if (fresh)
+  if (fresh) {
     for (const auto& group : o.chain)
       for (const auto& t : group)
         for (const auto& a : t.args) names_in(*a, true, on.names, on.nested);
-  if (fresh) {
     std::sort(on.names.begin(), on.names.end());
     on.names.erase(std::unique(on.names.begin(), on.names.end()), on.names.end());
+    // A name that is a whole argument somewhere may be quantified: only the others need a binding.
+    std::erase_if(on.nested, [&](const ast::Expr* e) {
+      if (e->name == "world") return true;  // bound by --np, checked where it is evaluated
+      for (const auto& group : o.chain)
+        for (const auto& t : group)
+          for (const auto& a : t.args)
+            if (a->kind == ast::Expr::Kind::Name && a->name == e->name) return true;
+      return false;
+    });
   }
   std::vector<Var> values(on.names.size(), Var{Value{}, SourceLoc{}, nullptr});
   for (size_t i = 0; i < on.names.size(); ++i)
     if (const Var* v = env.find(on.names[i])) values[i] = *v;
   for (const ast::Expr* e : on.nested) {
-    size_t i = std::lower_bound(on.names.begin(), on.names.end(), e->name) - on.names.begin();
-    if (e->name == "world" || values[i].what) continue;
-    bool quantified = false;
-    for (const auto& group : o.chain)
-      for (const auto& t : group)
-        for (const auto& a : t.args) quantified |= a->kind == ast::Expr::Kind::Name && a->name == e->name;
-    if (quantified) continue;
+    const size_t i = std::lower_bound(on.names.begin(), on.names.end(), e->name) - on.names.begin();
+    if (values[i].what) continue;
     if (!on.reported) (void)lookup(*e, env);  // the unknown-name error, with suggestions
     on.reported = true;
     return;

@@ -186,8 +186,7 @@ class NcclCommunicator : public Communicator {
     {
       std::lock_guard lk(peers_mu_);  // groups_ is complete before any stream runs
       for (auto& [key, ch] : groups_) api_->abort_comm(ch->comm);
-      for (auto& [key, slot] : peers_)
-        if (slot->ch) api_->abort_comm(slot->ch->comm);
+      for (NcclComm c : peer_comms_) api_->abort_comm(c);
     }
     boot_->abort(why);
     std::abort();  // not reached: the bootstrap ends the job
@@ -271,6 +270,8 @@ class NcclCommunicator : public Communicator {
       }
       NcclComm c = api_->init_comm(2, id, sender ? 0 : 1);
       slot->ch = std::make_unique<Channel>(*api_, c, api_->create_stream());
+      std::lock_guard lk(peers_mu_);
+      peer_comms_.push_back(c);  // for abort, which must not read a slot still being filled
     });
     return *slot->ch;
   }
@@ -284,6 +285,7 @@ class NcclCommunicator : public Communicator {
   };
   std::mutex peers_mu_;
   std::map<std::pair<int, int>, std::shared_ptr<PeerSlot>> peers_;  // (from, to)
+  std::vector<NcclComm> peer_comms_;  // the ones created, under peers_mu_
   std::atomic<bool> aborted_{false};
 };
 }  // namespace
