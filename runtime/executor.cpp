@@ -91,8 +91,8 @@ struct Executor::Impl {
   }
 
   Impl(const sched::Plan& p, const std::string& path, const TokenData& d, Communicator& c, ExecutorOptions o)
-      : plan(p), g(p.dag), data(d), comm(c), opt(std::move(o)), model(path), model_path(path),
-        view(make_rank_view(p, c.rank(), c.size(), std::min(c.max_tag(), kPlanTagLimit))) {}
+      : plan(p), g(p.dag), data(d), comm(c), opt(std::move(o)), model(path),
+        view(make_rank_view(p, c.rank(), c.size(), std::min(c.max_tag(), kPlanTagLimit))), model_path(path) {}
 
   const Node& node(NodeId v) const { return g.nodes[static_cast<size_t>(v)]; }
   PieceIO& io_of(const Node& n) { return pieces_io.at({n.stage, n.microbatch, n.segment}); }
@@ -535,6 +535,7 @@ std::string Executor::save_checkpoint(const std::string& dir, int64_t steps_done
     return write_checkpoint(dir, steps_done, mine, meta, x.comm.rank(), x.comm.size(), barrier);
   } catch (const std::exception& e) {
     x.comm.abort(fmt::format("rank {}: {}", x.comm.rank(), e.what()));
+    throw;  // not reached (abort is [[noreturn]]); GCC does not see that through the virtual call
   }
 }
 
