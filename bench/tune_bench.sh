@@ -22,7 +22,7 @@ k = int(sys.argv[2])
 rest = ranked[k:]
 random.Random(1).shuffle(rest)
 for c in ranked[:k] + rest[:k]:
-    print(c["strategy"], int(c["recompute"]), c["step_time"], " ".join(f"{n}={v}" for n, v in c["params"].items()))
+    print(c["strategy"], int(c["recompute"]), c["step_time"], " ".join(f"{n}={str(v).lower()}" for n, v in c["params"].items()))
 PY
   i=0
   while read -r file recompute predicted params; do

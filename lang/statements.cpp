@@ -88,9 +88,8 @@ void Checker::stmt(const ast::ParamStmt& p, const ast::Stmt& s, Env& env, UseCon
   }
   declared_params_.emplace(p.name, loc);
   if (!declare(env, p.name, *v, loc, "parameter")) return;
-  if (v->type == Value::Type::Int &&
-      std::none_of(out_.params.begin(), out_.params.end(), [&](auto& kv) { return kv.first == p.name; }))
-    out_.params.emplace_back(p.name, v->i);
+  if (std::none_of(out_.params.begin(), out_.params.end(), [&](auto& kv) { return kv.first == p.name; }))
+    out_.params.emplace_back(p.name, v->text());
 }
 
 void Checker::stmt(const ast::LetStmt& l, const ast::Stmt& s, Env& env, UseContext&, FileId) {

@@ -96,7 +96,7 @@ inline constexpr const char* kBuiltinStreams[] = {"compute", "comm"};
 struct CheckedStrategy {
   Mesh mesh;  // its axes in declaration order, and the world
   std::vector<std::string> streams;
-  std::vector<std::pair<std::string, int64_t>> params;  // final values, first declaration order
+  std::vector<std::pair<std::string, std::string>> params;  // final values as written (42, true), first declaration order
   int64_t microbatches = 1;
   std::string pipeline_axis;  // "" when nothing is placed
   std::vector<Stage> stages;  // at least one

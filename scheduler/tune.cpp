@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "lang/parser.h"
@@ -54,19 +55,49 @@ std::vector<int64_t> divisors(int64_t n) {
 }
 
 // The values each library parameter takes in the search. The library shares these names (docs/
-// language.md): mesh axes multiply to the world; microbatches and chunks from short ladders.
+// language.md): mesh axes multiply to the world; microbatches and chunks from short ladders; the
+// boolean knobs (even or balanced cuts, ZeRO-3 units by layer or by stage) both ways, and ZeRO-3's
+// prefetch at 0 (least memory) and 1 (the gather hidden behind one unit's compute).
 std::vector<int64_t> values_of(const std::string& name, int64_t np) {
   if (name == "pp" || name == "dp" || name == "ep") return divisors(np);
   if (name == "mb") return {1, 2, 4, 8, 16, 32};
   if (name == "v") return {2, 4};
+  if (name == "ahead" || is_flag(name)) return {0, 1};
   return {};  // any other parameter keeps its default
 }
 bool is_axis(const std::string& n) { return n == "pp" || n == "dp" || n == "ep"; }
+bool is_knob(const std::string& n) { return n == "ahead" || is_flag(n); }  // tunes a plan without reshaping it
+
+int64_t value_of(const Candidate& c, const std::string& name, int64_t otherwise) {
+  for (const auto& [n, v] : c.sets)
+    if (n == name) return v;
+  return otherwise;
+}
+
+// A knob that cannot change the plan is not varied, so the table holds no twins: how stages are cut
+// needs more than one stage; ZeRO-3's units and prefetch need more than one replica.
+bool varies_nothing(const Candidate& c) {
+  for (const auto& [n, v] : c.sets) {
+    if (v == 0) continue;
+    if (n == "balance" && value_of(c, "pp", 1) == 1) return true;
+    if ((n == "ahead" || n == "stage_unit") && value_of(c, "dp", 1) == 1) return true;
+  }
+  return false;
+}
 }  // namespace
+
+bool is_flag(const std::string& name) { return name == "balance" || name == "stage_unit"; }
+
+std::string param_text(const std::string& name, int64_t v) {
+  return is_flag(name) ? (v ? "true" : "false") : std::to_string(v);
+}
 
 std::string Candidate::label() const {
   std::string s = strategy.substr(0, strategy.rfind(".piper"));
-  for (const auto& [n, v] : sets) s += fmt::format(" {}={}", n, v);
+  // A flag shows by its name when set and not at all otherwise: "1f1b pp=3 mb=8 balance".
+  for (const auto& [n, v] : sets)
+    if (!is_flag(n)) s += fmt::format(" {}={}", n, v);
+    else if (v) s += " " + n;
   return recompute ? s + " +recompute" : s;
 }
 
@@ -107,7 +138,7 @@ TuneResult tune(const Manifest& m, const TuneOptions& o) {
         c.sets.emplace_back(params[i], v);
         if (is_axis(params[i])) world *= v;
       }
-      if (world == o.np) {
+      if (world == o.np && !varies_nothing(c)) {
         if (o.recompute) {
           Candidate rc = c;
           rc.recompute = true;
@@ -135,7 +166,7 @@ TuneResult tune(const Manifest& m, const TuneOptions& o) {
     po.cmd.np = o.np;
     po.cmd.batch_size = o.batch_size;
     po.cmd.search_path = path;
-    for (const auto& [n, v] : c.sets) po.cmd.sets.push_back(fmt::format("{}={}", n, v));
+    for (const auto& [n, v] : c.sets) po.cmd.sets.push_back(fmt::format("{}={}", n, param_text(n, v)));
     po.machine_path = o.machine_path;
     po.cost_spec = o.cost_spec;
     po.memory_budget = o.memory_budget;
@@ -156,6 +187,26 @@ TuneResult tune(const Manifest& m, const TuneOptions& o) {
     r.ranked.push_back(std::move(c));
   }
   if (o.progress) o.progress(all.size(), all.size());
+  // A knob that changed nothing — a balanced cut equal to the even one, prefetch with one unit — gives
+  // the same plan under a longer name. Among candidates that differ only in knobs and simulate to the
+  // same step and peak, keep the first enumerated (knobs lowest: the plain one).
+  std::map<std::string, std::vector<size_t>> groups;  // label with knobs at 0 → candidates kept so far
+  std::vector<Candidate> kept;
+  for (auto& c : r.ranked) {
+    Candidate base = c;
+    for (auto& [n, v] : base.sets)
+      if (is_knob(n)) v = 0;
+    auto& group = groups[base.label()];
+    if (std::any_of(group.begin(), group.end(), [&](size_t k) {
+          return kept[k].step_time == c.step_time && kept[k].peak_bytes == c.peak_bytes;
+        })) {
+      ++r.twins;
+      continue;
+    }
+    group.push_back(kept.size());
+    kept.push_back(std::move(c));
+  }
+  r.ranked = std::move(kept);
   std::stable_sort(r.ranked.begin(), r.ranked.end(), [](const Candidate& a, const Candidate& b) {
     if (a.step_time != b.step_time) return a.step_time < b.step_time;
     if (a.peak_bytes != b.peak_bytes) return a.peak_bytes < b.peak_bytes;
@@ -170,7 +221,7 @@ std::string candidate_text(const Candidate& c, const std::string& model, const T
                               o.memory_budget ? fmt::format(", within {} per device", human_bytes(*o.memory_budget)) : "");
   s += fmt::format("# Predicted step {:.6g} ({}), bubble {:.1f}%, peak {} on the fullest rank.\n", c.step_time,
                    o.machine_path.empty() ? "unit costs" : o.machine_path, 100 * c.bubble, human_bytes(double(c.peak_bytes)));
-  for (const auto& [n, v] : c.sets) s += fmt::format("param {} = {};\n", n, v);
+  for (const auto& [n, v] : c.sets) s += fmt::format("param {} = {};\n", n, param_text(n, v));
   s += fmt::format("use \"{}\";\n", c.strategy);
   if (c.recompute) s += "recompute layers[*];  # activations recomputed in the backward: less memory, more time\n";
   return s;

@@ -27,7 +27,7 @@ struct TuneOptions {
 
 struct Candidate {
   std::string strategy;                               // a library file name, e.g. "1f1b.piper"
-  std::vector<std::pair<std::string, int64_t>> sets;  // its parameters, in the file's order
+  std::vector<std::pair<std::string, int64_t>> sets;  // its parameters, in the file's order (flags 0/1)
   bool recompute = false;                             // `recompute layers[*];` added: activations recomputed
   std::string rejected;                               // why not ("" when it is a valid plan)
   double step_time = 0;                               // simulated (seconds with a machine, else units)
@@ -39,9 +39,14 @@ struct Candidate {
 struct TuneResult {
   std::vector<Candidate> ranked;    // valid plans, fastest first (ties: less memory, then label)
   std::vector<Candidate> rejected;  // in enumeration order
+  size_t twins = 0;  // plans dropped as a knob changed nothing (a balanced cut equal to the even one)
   bool unit_costs = true;
-  size_t plans() const { return ranked.size() + rejected.size(); }
+  size_t plans() const { return ranked.size() + rejected.size() + twins; }
 };
+
+// The library's boolean knobs (`balance`, `stage_unit`): searched as 0/1, written as false/true.
+bool is_flag(const std::string& name);
+std::string param_text(const std::string& name, int64_t value);  // "4", "true"
 
 // The parameters a library file declares, with those of the files it uses (first declaration order).
 std::vector<std::string> strategy_params(const std::string& path, const std::vector<std::string>& search_path);

@@ -122,3 +122,48 @@ TEST_CASE("piper-tune with recomputation: it saves memory and costs time, and wi
   CHECK(find(tight.ranked, "1f1b pp=2 mb=2 +recompute"));
   CHECK(find(tight.rejected, "1f1b pp=2 mb=2")->rejected.find("over the budget") != std::string::npos);
 }
+
+TEST_CASE("piper-tune cuts stages by cost where an even cut cannot be made, and drops a balanced twin of the even cut") {
+  Planner f("gpt8");
+  TuneOptions o = toy(3);
+  o.library = {"1f1b.piper"};
+  const TuneResult r = tune(f.manifest, o);
+  // 8 layers cannot be cut evenly into 3 stages: the even plan is rejected with the checker's
+  // reason, the balanced one is valid.
+  const Candidate* even = find(r.rejected, "1f1b pp=3 mb=2");
+  REQUIRE(even);
+  CHECK(even->rejected.find("cannot be cut evenly") != std::string::npos);
+  CHECK(find(r.ranked, "1f1b pp=3 mb=2 balance"));
+  for (const auto& c : r.ranked) CHECK(c.label().find("pp=3") != std::string::npos);
+  // At pp=1 there is nothing to cut: `balance` is not varied (no "pp=1 ... balance" candidate).
+  for (const auto* list : {&r.ranked, &r.rejected})
+    for (const auto& c : *list) CHECK(c.label().find("pp=1 mb=1 balance") == std::string::npos);
+
+  // At pp=2 the balanced cut of gpt8 on unit costs is the even cut (4 + 4 layers, the embedding and
+  // the head each a small part): the same plan, kept once under its plain name.
+  const TuneResult two = tune(f.manifest, toy(2));
+  CHECK(two.twins > 0);
+  CHECK(find(two.ranked, "1f1b pp=2 mb=2"));
+  CHECK(!find(two.ranked, "1f1b pp=2 mb=2 balance"));
+}
+
+TEST_CASE("piper-tune varies ZeRO-3's units and prefetch: the least memory per layer without prefetch, picked under a budget") {
+  Planner f("gpt8");
+  TuneOptions o = toy(2);
+  o.library = {"zero3.piper"};
+  const TuneResult all = tune(f.manifest, o);
+  const Candidate* lean = find(all.ranked, "zero3 dp=2 ahead=0");
+  const Candidate* ahead = find(all.ranked, "zero3 dp=2 ahead=1");
+  const Candidate* stage = find(all.ranked, "zero3 dp=2 ahead=0 stage_unit");
+  REQUIRE((lean && ahead && stage));
+  // One layer in full at a time; one more with prefetch; the whole model as one unit.
+  CHECK(lean->peak_bytes < ahead->peak_bytes);
+  CHECK(ahead->peak_bytes < stage->peak_bytes);
+  // With one unit there is nothing to gather ahead: stage_unit with ahead=1 is a twin, dropped.
+  CHECK(!find(all.ranked, "zero3 dp=2 ahead=1 stage_unit"));
+  CHECK(all.twins >= 1);
+  o.memory_budget = double(lean->peak_bytes + ahead->peak_bytes) / 2;
+  const TuneResult tight = tune(f.manifest, o);
+  REQUIRE(tight.ranked.size() == 1);
+  CHECK(tight.ranked.front().label() == "zero3 dp=2 ahead=0");
+}

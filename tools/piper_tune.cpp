@@ -69,12 +69,13 @@ int main(int argc, char** argv) {
   const std::string unit = r.unit_costs ? "units" : "s";
 
   if (json) {
-    nlohmann::json out = {{"np", o.np}, {"unit_costs", r.unit_costs}, {"plans", r.plans()}, {"ranked", nlohmann::json::array()},
+    nlohmann::json out = {{"np", o.np}, {"unit_costs", r.unit_costs}, {"plans", r.plans()}, {"twins", r.twins}, {"ranked", nlohmann::json::array()},
                           {"rejected", nlohmann::json::array()}};
     for (const auto* list : {&r.ranked, &r.rejected})
       for (const auto& c : *list) {
         nlohmann::json j = {{"plan", c.label()}, {"strategy", c.strategy}, {"params", nlohmann::json::object()}};
-        for (const auto& [n, v] : c.sets) j["params"][n] = v;
+        for (const auto& [n, v] : c.sets)
+          j["params"][n] = sched::is_flag(n) ? nlohmann::json(v != 0) : nlohmann::json(v);
         j["recompute"] = c.recompute;
         if (c.rejected.empty()) {
           j["step_time"] = c.step_time;
@@ -88,8 +89,9 @@ int main(int argc, char** argv) {
       }
     fmt::print("{}\n", out.dump(1));
   } else {
-    fmt::print("{} plans for {} on {} ranks: {} valid, {} rejected ({}); searched in {:.2f} s, {:.0f} plans/min\n",
-               r.plans(), model, o.np, r.ranked.size(), r.rejected.size(), r.unit_costs ? "unit costs" : o.machine_path,
+    fmt::print("{} plans for {} on {} ranks: {} valid, {} rejected{} ({}); searched in {:.2f} s, {:.0f} plans/min\n",
+               r.plans(), model, o.np, r.ranked.size(), r.rejected.size(),
+               r.twins ? fmt::format(", {} the same as a plainer twin", r.twins) : "", r.unit_costs ? "unit costs" : o.machine_path,
                seconds, seconds > 0 ? 60 * double(r.plans()) / seconds : 0.0);
     if (r.unit_costs)
       fmt::print("unit costs price every microbatch alike whatever its size: pass --machine for a ranking of real plans\n");
