@@ -81,7 +81,7 @@ class FakeNccl : public NcclApi {
   void abort_comm(NcclComm c) override {
     std::lock_guard lk(s_->mu);
     static_cast<Comm*>(c)->aborted = true;
-    s_->log[rank_].push_back("abort");
+    s_->log[rank_].push_back(fmt::format("abort id={}", static_cast<Comm*>(c)->id));
   }
   std::string async_error(NcclComm c) override {
     std::lock_guard lk(s_->mu);

@@ -147,6 +147,31 @@ TEST_CASE("an asynchronous NCCL error ends a waiting collective with an exceptio
   CHECK(errors[1] == "");
 }
 
+TEST_CASE("abort: every NCCL communicator the rank made is aborted, group and point-to-point, then the job ends") {
+  FakeNcclWorld world;
+  auto errors = on_ranks(2, world, [](Communicator& c) {
+    c.prepare_group({0, 1}, 0);
+    float x = 1;
+    c.all_reduce_sum(&x, 1, {0, 1}, 0);
+    int m = c.rank();
+    if (c.rank() == 0) {  // both directions: one two-rank communicator each
+      c.send(&m, sizeof m, 1, 5);
+      c.recv(&m, sizeof m, 1, 6);
+    } else {
+      c.recv(&m, sizeof m, 0, 5);
+      c.send(&m, sizeof m, 0, 6);
+      c.abort("rank 1 failed");
+    }
+  });
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "rank 1 failed");  // the bootstrap ends the job (the fake world throws)
+  std::vector<std::string> aborts;
+  for (const auto& line : world.log(1))
+    if (line.rfind("abort", 0) == 0) aborts.push_back(line);
+  CHECK(aborts.size() == 3);  // the group's communicator and both peer communicators
+  for (const auto& line : world.log(0)) CHECK(line.rfind("abort", 0) != 0);
+}
+
 TEST_CASE("make_nccl_api: the real API where built with NCCL, otherwise an error saying how to build it") {
   if (!nccl_built()) {
     CHECK_THROWS_WITH_AS(make_nccl_api(0), doctest::Contains("built without NCCL"), std::runtime_error);

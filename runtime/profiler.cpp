@@ -280,11 +280,12 @@ std::string profile_machine(const std::string& model_path, Communicator& comm, c
 }
 
 std::string calibrate_machine(const std::string& machine_json, const sched::Plan& plan, const std::string& model_path,
-                              const TokenData& data, Communicator& comm, int steps, const std::string& described) {
+                              const TokenData& data, Communicator& comm, int steps, const std::string& described,
+                              Calibrate what) {
   const int64_t batch = plan.samples_per_microbatch() * plan.dag.facts.microbatches * plan.dag.facts.mesh.replicas(plan.dag.facts.pipeline_axis);
   Executor ex(plan, model_path, data, comm, ExecutorOptions{.global_batch = batch});
-  // [F, B, U] x [measured, simulated], this rank's.
-  std::vector<double> t(6, 0.0);
+  // [F, B, U, collectives] x [measured, simulated], this rank's; then the number of collectives.
+  std::vector<double> t(9, 0.0);
   auto slot = [](ir::Op op) -> int {
     switch (op) {
       case ir::Op::F: return 0;
@@ -292,13 +293,19 @@ std::string calibrate_machine(const std::string& machine_json, const sched::Plan
       case ir::Op::BI:
       case ir::Op::BW: return 1;
       case ir::Op::U: return 2;
+      case ir::Op::AllReduce:
+      case ir::Op::AllGather:
+      case ir::Op::ReduceScatter:
+      case ir::Op::AllToAll: return 3;
       default: return -1;
     }
   };
   const int32_t cls = plan.schedule.class_of_rank(comm.rank());
   for (size_t v = 0; v < plan.dag.nodes.size(); ++v)
-    if (int k = slot(plan.dag.nodes[v].op); k >= 0 && plan.schedule.node_class[v] == cls)
+    if (int k = slot(plan.dag.nodes[v].op); k >= 0 && plan.schedule.node_class[v] == cls) {
       t[size_t(2 * k + 1)] += (steps - 1) * (plan.schedule.finish[v] - plan.schedule.start[v]);
+      if (k == 3) t[8] += steps - 1;
+    }
   for (int s = 0; s < steps; ++s) {
     const StepResult r = ex.step(s);
     if (s == 0) continue;  // the first step allocates what the others reuse
@@ -311,7 +318,14 @@ std::string calibrate_machine(const std::string& machine_json, const sched::Plan
   if (comm.rank() != 0) return "";
   json m = json::parse(machine_json);
   auto ratio = [&](int k) { return t[size_t(2 * k + 1)] > 0 ? t[size_t(2 * k)] / t[size_t(2 * k + 1)] : 1.0; };
-  m["calibration"] = {{"F", ratio(0)}, {"B", ratio(1)}, {"U", ratio(2)}, {"measured_on", described}};
+  if (what == Calibrate::Compute) {
+    m["calibration"] = {{"F", ratio(0)}, {"B", ratio(1)}, {"U", ratio(2)}, {"measured_on", described}};
+  } else {
+    // The simulated collectives were priced with this machine's calibration so far (none added).
+    const double extra = t[8] > 0 ? std::max(0.0, (t[6] - t[7]) / t[8]) : 0.0;
+    m["calibration"]["collective"] = m["calibration"].value("collective", 0.0) + extra;
+    m["calibration"]["collective_measured_on"] = described;
+  }
   return m.dump(2) + "\n";
 }
 

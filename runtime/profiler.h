@@ -26,11 +26,16 @@ struct ProfileOptions {
 std::string profile_machine(const std::string& model_path, Communicator& comm, const ProfileOptions& o);
 
 // Regions measured alone run faster than inside a training step (the executor's threads, the other
-// ranks' traffic, caches that a step's other work evicts). Runs `plan` — compiled with the machine
-// `profile_machine` wrote, and using every rank — for `steps` steps and returns, on rank 0, that
-// machine with "calibration": per chunk kind (F, B, U), measured over simulated time, summed over
-// ranks and steps after the first. The cost model multiplies the regions' times by it.
+// ranks' traffic, caches that a step's other work evicts), and a collective issued by the executor
+// (handed to its stream's thread, waited for without spinning) takes longer than a blocking call
+// timed alone. Runs `plan` — compiled with `machine_json`, using every rank — for `steps` steps and
+// returns, on rank 0, that machine with its "calibration" completed, from the steps after the first
+// summed over ranks. Compute: per chunk kind (F, B, U) measured over simulated time, what the cost
+// model multiplies the regions' times by. Collectives: the seconds per collective by which the
+// measured ones exceed the simulated ones (zero or more), what the cost model adds to each.
+enum class Calibrate { Compute, Collectives };
 std::string calibrate_machine(const std::string& machine_json, const sched::Plan& plan, const std::string& model_path,
-                              const TokenData& data, Communicator& comm, int steps, const std::string& described);
+                              const TokenData& data, Communicator& comm, int steps, const std::string& described,
+                              Calibrate what = Calibrate::Compute);
 
 }  // namespace piper::runtime

@@ -78,6 +78,8 @@ std::optional<Machine> parse_machine(FileId file, const SourceManager& sources, 
     auto factor = [&](const char* k, double& out) { return !c.contains(k) || (number(c, k, out, true) && out > 0); };
     if (!c.is_object() || !factor("F", m.calibration.F) || !factor("B", m.calibration.B) || !factor("U", m.calibration.U))
       return fail("\"calibration\": expected {\"F\": factor, \"B\": factor, \"U\": factor}, each positive");
+    if (c.contains("collective") && !(number(c, "collective", m.calibration.collective, true) && m.calibration.collective >= 0))
+      return fail("\"calibration\": \"collective\" is the seconds added to each collective, zero or more");
   }
   if (j.contains("axes")) {
     if (!j["axes"].is_object()) return fail("\"axes\" maps mesh axis names to links");
@@ -212,12 +214,13 @@ double CostModel::cost(const ir::Graph& g, const ir::Node& n, int64_t group_size
                       ? m.axes.at(axes_[static_cast<size_t>(n.axis)])
                       : m.default_link;
   const double b = static_cast<double>(n.bytes), k = static_cast<double>(std::max<int64_t>(group_size, 1));
+  const double issued = m.calibration.collective;  // measured inside a step, beyond the formula
   switch (n.op) {
     case Op::Send: return l.latency + b / l.bandwidth;
-    case Op::AllReduce: return 2 * (k - 1) * l.latency + 2 * (k - 1) / k * b / l.bandwidth;  // ring
+    case Op::AllReduce: return issued + 2 * (k - 1) * l.latency + 2 * (k - 1) / k * b / l.bandwidth;  // ring
     case Op::AllGather:
     case Op::ReduceScatter:
-    case Op::AllToAll: return (k - 1) * l.latency + (k - 1) / k * b / l.bandwidth;
+    case Op::AllToAll: return issued + (k - 1) * l.latency + (k - 1) / k * b / l.bandwidth;
     case Op::Broadcast: return l.latency + b / l.bandwidth;
     default: return 0;
   }

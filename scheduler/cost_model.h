@@ -41,9 +41,12 @@ struct Machine {
   std::optional<Affine> update;
   std::optional<Link> collectives;
   // Measured over simulated time of a real training step (piper-run --profile runs one): what the
-  // regions' times are multiplied by inside a step. B applies to BI and BW too.
+  // regions' times are multiplied by inside a step. B applies to BI and BW too. `collective`: the
+  // seconds each collective takes beyond the link's formula when the executor issues it (handed to
+  // its stream's thread, waited for without spinning), from a ZeRO-3 step's per-layer collectives.
   struct Calibration {
     double F = 1, B = 1, U = 1;
+    double collective = 0;
   } calibration;
 };
 

@@ -102,3 +102,35 @@ TEST_CASE("a measured line below zero or a calibration that is not positive is r
   CHECK_FALSE(compile(g, "use \"1f1b.piper\";\n", zero).has_value());
   CHECK(g.errors().find("\"calibration\"") != std::string::npos);
 }
+
+TEST_CASE("the calibrated collective time is added to every collective, not to point-to-point messages") {
+  const std::string collectives = R"(, "collectives": {"bandwidth": 1e9, "latency": 1e-5})";
+  auto with = [&](const std::string& cal) {
+    std::string text = profiled_machine(collectives);
+    text.replace(text.find("\"U\": 1}"), 7, "\"U\": 1" + cal + "}");
+    return text;
+  };
+  Planner f("gpt8");
+  auto plain = compile(f, "use \"1f1b_zero3.piper\";\n", with(""));
+  REQUIRE_MESSAGE(plain, f.errors());
+  Planner g("gpt8");
+  auto calibrated = compile(g, "use \"1f1b_zero3.piper\";\n", with(R"(, "collective": 0.003)"));
+  REQUIRE_MESSAGE(calibrated, g.errors());
+  int collectives_seen = 0, sends_seen = 0;
+  for (size_t v = 0; v < plain->dag.nodes.size(); ++v) {
+    const ir::Node& n = plain->dag.nodes[v];
+    const double before = plain->costs.cost(plain->dag, n, 2), after = calibrated->costs.cost(calibrated->dag, n, 2);
+    if (n.op == ir::Op::AllGather || n.op == ir::Op::ReduceScatter || n.op == ir::Op::AllReduce) {
+      CHECK(after == doctest::Approx(before + 0.003));
+      ++collectives_seen;
+    } else if (n.op == ir::Op::Send) {
+      CHECK(after == before);
+      ++sends_seen;
+    }
+  }
+  CHECK(collectives_seen > 0);
+  CHECK(sends_seen > 0);
+  Planner h("gpt8");
+  CHECK_FALSE(compile(h, "use \"1f1b_zero3.piper\";\n", with(R"(, "collective": -1)")).has_value());
+  CHECK(h.errors().find("\"collective\" is the seconds added to each collective") != std::string::npos);
+}

@@ -212,10 +212,24 @@ int main(int argc, char** argv) {
       auto cal = sched::compile_plan(model, tmp_strategy, popt, &errors);
       if (!cal) throw std::runtime_error("calibration plan: " + errors);
       TokenData data(data_path);
-      const std::string calibrated = calibrate_machine(text, *cal, model, data, *comm, 4,
-                                                       fmt::format("dp over {} ranks, 4 microbatches of 2 samples", comm->size()));
-      std::remove(tmp_strategy.c_str());
+      std::string calibrated = calibrate_machine(text, *cal, model, data, *comm, 4,
+                                                 fmt::format("dp over {} ranks, 4 microbatches of 2 samples", comm->size()));
       comm->all_reduce_sum(&sync, 1, everyone, 3);  // everyone has read rank 0's file
+      if (comm->size() >= 2) {
+        // Then the collectives as the executor issues them: ZeRO-3 gathers and reduce-scatters every
+        // layer of every microbatch, priced by the machine calibrated so far.
+        if (lead) std::ofstream(popt.machine_path) << calibrated;
+        std::ofstream(tmp_strategy) << fmt::format("mesh dp = {};\nsplit batch into 4;\nreplicate * over dp zero 3 prefetch 0;\n",
+                                                   comm->size());
+        comm->all_reduce_sum(&sync, 1, everyone, 3);  // rank 0's file is written
+        auto zero3 = sched::compile_plan(model, tmp_strategy, popt, &errors);
+        if (!zero3) throw std::runtime_error("calibration plan: " + errors);
+        calibrated = calibrate_machine(calibrated, *zero3, model, data, *comm, 4,
+                                       fmt::format("ZeRO-3 over {} ranks, 4 microbatches of 2 samples", comm->size()),
+                                       Calibrate::Collectives);
+        comm->all_reduce_sum(&sync, 1, everyone, 3);  // everyone has read it
+      }
+      std::remove(tmp_strategy.c_str());
       if (lead) {
         std::remove(popt.machine_path.c_str());
         std::ofstream out(profile_path);
