@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
       return kUsage;
     }
     sched::PlanOptions opt;
-    opt.cmd = CommandLine{np, sets, std::nullopt, include_dirs};
+    opt.cmd = CommandLine{np, sets, std::nullopt, include_dirs, {}};
     for (auto& d : default_search_path()) opt.cmd.search_path.push_back(d);
     opt.machine_path = machine_path;
     opt.cost_spec = cost_spec;
@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
     SourceManager sources;
     DiagnosticEngine diags(sources);
     sched::PlanOptions opt;
-    opt.cmd = CommandLine{np, sets, batch, include_dirs};
+    opt.cmd = CommandLine{np, sets, batch, include_dirs, {}};
     for (auto& d : default_search_path()) opt.cmd.search_path.push_back(d);
     opt.machine_path = machine_path;
     opt.cost_spec = cost_spec;
