@@ -107,12 +107,29 @@ void StreamThreads::loop(size_t s) {
       if (stop_) return;
       seen = generation_;
     }
-    for (ir::NodeId v : prog.ops) {
+    // Ops run in the program's order, except inside an overlap window (a `||` pair's pieces), where
+    // the first ready op of those not run yet goes next: while one task waits for its all-to-all
+    // or receive, the other computes.
+    std::vector<char> ran(prog.ops.size(), 0);
+    size_t next = 0;  // the first op not run yet
+    while (next < prog.ops.size()) {
+      ir::NodeId v = prog.ops[next];
+      size_t at = next;
       {
         std::unique_lock lk(mu_);
         heads_[s] = Head{v, false, std::chrono::steady_clock::now()};
-        cv_.wait(lk, [&] { return !failure_.empty() || ready(v); });
+        cv_.wait(lk, [&] {
+          if (!failure_.empty()) return true;
+          const int32_t w = prog.window.empty() ? -1 : prog.window[next];
+          for (size_t i = next; i < prog.ops.size() && (i == next || (w >= 0 && prog.window[i] == w)); ++i)
+            if (!ran[i] && ready(prog.ops[i])) {
+              at = i;
+              return true;
+            }
+          return false;
+        });
         if (!failure_.empty()) break;
+        v = prog.ops[at];
         heads_[s] = Head{v, true, std::chrono::steady_clock::now()};
       }
       const auto a = std::chrono::steady_clock::now();
@@ -145,6 +162,8 @@ void StreamThreads::loop(size_t s) {
                                  std::chrono::duration<double>(a - t0_).count(), std::chrono::duration<double>(b - t0_).count(),
                                  memory_stats(rank_).live});
       done_[static_cast<size_t>(v)] = 1;
+      ran[at] = 1;
+      while (next < prog.ops.size() && ran[next]) ++next;
       cv_.notify_all();
     }
     std::lock_guard lk(mu_);

@@ -1,7 +1,8 @@
 // The stream threads of one rank: a thread per logical stream of its program, kept for the whole
-// run. Each step every thread runs its stream's ops in order, each once its predecessors on this
-// rank are done (events across streams); the first failure stops them all. A watchdog reports any
-// op that runs or waits past a timeout, stream by stream, and ends the job.
+// run. Each step every thread runs its stream's ops in order (inside an overlap window, the first
+// ready), each once its predecessors on this rank are done (events across streams); the first
+// failure stops them all. A watchdog reports any op that runs or waits past a timeout, stream by
+// stream, and ends the job.
 #pragma once
 #include <chrono>
 #include <condition_variable>

@@ -38,14 +38,17 @@ bool compute(const Node& n) { return ir::is_chunk(n.op); }
 
 std::string emit_schedule(const ir::Graph& g, const Schedule& s) {
   std::string out = fmt::format("# per rank and stream, the order each runs; `wait` lists events from other streams, "
-                                "`after` the op a just-in-time gather waits for\n");
+                                "`after` the op a just-in-time gather waits for, `( )` a `||` window run in whichever "
+                                "order its ops become ready\n");
   for (size_t c : class_order(s)) {
     const auto& cls = s.classes[c];
     out += fmt::format("rank {}\n", ir::rank_list(cls.ranks));
     for (const auto& p : cls.streams) {
       std::vector<std::string> ops;
-      for (ir::NodeId v : p.ops) {
-        std::string t = ir::token(g.nodes[static_cast<size_t>(v)]);
+      for (size_t i = 0; i < p.ops.size(); ++i) {
+        const ir::NodeId v = p.ops[i];
+        const int32_t win = i < p.window.size() ? p.window[i] : -1;
+        std::string t = (win >= 0 && (i == 0 || p.window[i - 1] != win) ? "(" : "") + ir::token(g.nodes[static_cast<size_t>(v)]);
         const auto& w = s.waits[static_cast<size_t>(v)];
         if (!w.empty()) {
           std::vector<std::string> names;
@@ -57,6 +60,7 @@ std::string emit_schedule(const ir::Graph& g, const Schedule& s) {
           for (ir::NodeId u : s.issue_after[static_cast<size_t>(v)]) names.push_back(ir::token(g.nodes[static_cast<size_t>(u)]));
           t += fmt::format("[after {}]", fmt::join(names, ","));
         }
+        if (win >= 0 && (i + 1 == p.ops.size() || p.window[i + 1] != win)) t += ")";
         ops.push_back(std::move(t));
       }
       out += fmt::format("  {:<9} {}\n", g.streams[p.stream] + ":", fmt::join(ops, " "));

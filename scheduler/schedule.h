@@ -16,6 +16,11 @@ namespace piper::sched {
 struct StreamProgram {
   ir::StreamId stream = 0;
   std::vector<ir::NodeId> ops;  // the total order this stream runs
+  // Per op: its overlap window, or -1. A window is a run of consecutive ops that are pieces of one
+  // `a || b` group's tasks (compute only, never communication, whose order peers must match).
+  // Inside it the executor runs whichever piece is ready first: `ops` holds the simulator's guess
+  // at that order, the real one depends on how long each all-to-all or receive takes.
+  std::vector<int32_t> window;
 };
 
 struct ClassProgram {

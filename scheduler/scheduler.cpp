@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 #include "ir/emit.h"
@@ -103,6 +104,49 @@ class ReadyQueue {
   std::vector<Best> waiting_, available_;  // est: the ready time
   std::vector<NodeId> special_;
 };
+
+// Overlap windows (see StreamProgram::window). A `||` group's members are its tasks' entry pieces;
+// every chunk with a member's (op, stage, microbatch) is a piece of that task. Per node: its task's
+// group, or -1. A group with two tasks that add into one stage's weight gradients (B, BW) gets none:
+// their order stays fixed, so the sums do too.
+std::vector<int32_t> overlap_task_groups(const ir::Graph& g) {
+  using Key = std::tuple<Op, int32_t, int32_t>;
+  std::map<int32_t, std::vector<Key>> tasks;
+  for (const Node& x : g.nodes)
+    if (x.overlap >= 0 && ir::is_chunk(x.op) && x.op != Op::U) tasks[x.overlap].push_back({x.op, x.stage, x.microbatch});
+  std::map<Key, int32_t> group_of;
+  for (const auto& [group, keys] : tasks) {
+    std::set<int32_t> accumulating;
+    bool shared = false;
+    for (const auto& [op, stage, mb] : keys)
+      if (op == Op::B || op == Op::BW) shared |= !accumulating.insert(stage).second;
+    if (!shared)
+      for (const Key& k : keys) group_of.emplace(k, group);  // a task in two groups keeps the first
+  }
+  std::vector<int32_t> out(g.nodes.size(), -1);
+  if (group_of.empty()) return out;
+  for (size_t v = 0; v < g.nodes.size(); ++v)
+    if (const Node& x = g.nodes[v]; ir::is_chunk(x.op) && x.op != Op::U)
+      if (auto it = group_of.find({x.op, x.stage, x.microbatch}); it != group_of.end()) out[v] = it->second;
+  return out;
+}
+
+// A window: a run of two or more consecutive ops of one group (one op alone has nothing to trade
+// places with).
+void mark_windows(const std::vector<int32_t>& group, StreamProgram& p) {
+  p.window.assign(p.ops.size(), -1);
+  int32_t next = 0;
+  for (size_t i = 0; i < p.ops.size();) {
+    const int32_t gr = group[static_cast<size_t>(p.ops[i])];
+    size_t j = i + 1;
+    while (gr >= 0 && j < p.ops.size() && group[static_cast<size_t>(p.ops[j])] == gr) ++j;
+    if (j - i >= 2) {
+      for (size_t k = i; k < j; ++k) p.window[k] = next;
+      ++next;
+    }
+    i = j;
+  }
+}
 
 }  // namespace
 
@@ -334,8 +378,12 @@ std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, Dia
       }
   }
 
-  for (size_t r = 0; r < resources.size(); ++r)
-    s.classes[static_cast<size_t>(resources[r].first)].streams.push_back(StreamProgram{resources[r].second, std::move(order[r])});
+  const std::vector<int32_t> task_group = overlap_task_groups(g);
+  for (size_t r = 0; r < resources.size(); ++r) {
+    StreamProgram p{resources[r].second, std::move(order[r]), {}};
+    mark_windows(task_group, p);
+    s.classes[static_cast<size_t>(resources[r].first)].streams.push_back(std::move(p));
+  }
   for (auto& c : s.classes)
     std::sort(c.streams.begin(), c.streams.end(), [](auto& a, auto& b) { return a.stream < b.stream; });
   // Events only where a dependency crosses streams of one class.

@@ -3,6 +3,9 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <set>
+#include <tuple>
+
 #include "scheduler/emit.h"
 #include "scheduler/memory.h"
 #include "tests/plan_fixture.h"
@@ -105,6 +108,47 @@ TEST_CASE("DualPipeV overlaps a forward of one chunk with a backward of the othe
   CHECK(r0.rfind("0F0,0F1,0F2,3F0", 0) == 0);
 }
 
+TEST_CASE("DualPipeV x EP: each overlapped pair's pieces form a window on the compute stream, no communication in it") {
+  Planner f("moe8");
+  auto pl = plan(f, "use \"dualpipev_ep.piper\";\n", {"pp=2", "ep=2", "mb=8"});
+  int windows = 0;
+  for (const auto& cls : pl.schedule.classes)
+    for (const auto& p : cls.streams) {
+      REQUIRE(p.window.size() == p.ops.size());
+      const bool compute = pl.dag.streams[p.stream] == "compute";
+      for (size_t i = 0; i < p.ops.size();) {
+        const int32_t w = p.window[i];
+        size_t j = i + 1;
+        while (w >= 0 && j < p.ops.size() && p.window[j] == w) ++j;
+        if (w >= 0) {
+          CHECK(compute);
+          ++windows;
+          // Two tasks, a forward and a backward of another stage, each with pieces cut at the experts.
+          std::set<std::tuple<ir::Op, int32_t, int32_t>> tasks;
+          for (size_t k = i; k < j; ++k) {
+            const ir::Node& x = pl.dag.nodes[static_cast<size_t>(p.ops[k])];
+            CHECK(ir::is_chunk(x.op));
+            CHECK(x.op != ir::Op::U);
+            tasks.insert({x.op, x.stage, x.microbatch});
+          }
+          CHECK(tasks.size() == 2);
+          CHECK(j - i > tasks.size());
+          CHECK(std::get<0>(*tasks.begin()) != std::get<0>(*tasks.rbegin()));
+          CHECK(std::get<1>(*tasks.begin()) != std::get<1>(*tasks.rbegin()));
+        }
+        i = j;
+      }
+    }
+  CHECK(windows >= 8);  // the main phase's pairs on both ranks
+  CHECK(emit_schedule(pl.dag, pl.schedule).find("(") != std::string::npos);
+  // A schedule without `||` has none.
+  Planner g;
+  auto one = plan(g, "use \"1f1b.piper\";\n", {"pp=2", "mb=4"});
+  for (const auto& cls : one.schedule.classes)
+    for (const auto& p : cls.streams)
+      for (int32_t w : p.window) CHECK(w == -1);
+}
+
 TEST_CASE("tasks ordered to overlap that depend on each other are a deadlock, found statically") {
   Planner f;
   CHECK(!f.compile("split batch into 2;\norder fwd(0, 1) || bwd(0, 1);\n"));
@@ -131,7 +175,7 @@ TEST_CASE("the static check finds blocking send/recv deadlocks in hand-built pro
   g.connect(s10, r10, ir::EdgeKind::Data);
   Schedule s;
   s.node_class = {0, 1, 1, 0};
-  s.classes = {ClassProgram{{0}, {StreamProgram{2, {s01, r10}}}}, ClassProgram{{1}, {StreamProgram{2, {s10, r01}}}}};
+  s.classes = {ClassProgram{{0}, {StreamProgram{2, {s01, r10}, {}}}}, ClassProgram{{1}, {StreamProgram{2, {s10, r01}, {}}}}};
   auto hang = find_deadlock(g, s);
   REQUIRE(hang);
   CHECK(hang->find("rank 0 p2p_send:") != std::string::npos);
