@@ -3,7 +3,9 @@
 # configures its process itself). Model: piper-model gpt 8 layers, d 128, ffn 512, seq 128; global
 # batch 16; two ranks on this node.
 #  1. tokens/s of every library pipeline at pp=2 mb=8 against one rank running the same 8
-#     microbatches (single.piper mb=8), and ZB1P and DualPipeV against 1F1B. Rounds alternate the
+#     microbatches (single.piper mb=8), and ZB1P and DualPipeV against 1F1B. The pipelines run
+#     scheduled by this machine's measured costs (`piper-run --profile` first, then `--machine`, as
+#     docs/scheduler.md says to: unit costs misplace ZB1P's weight passes). Rounds alternate the
 #     strategies so that drift of the machine hits all alike; each figure is the median over rounds of
 #     each run's median step after warm-up.
 #  2. the zero-bubble split: BI + BW against B on the model's 8 blocks in one process (one thread,
@@ -28,10 +30,11 @@ run() {  # name np strategy sets...
       --metrics "$tmp/$name.$r.jsonl" --trace "$tmp/$name.trace.json" >/dev/null
   else
     mpirun -np "$np" "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/$strategy" "${sets[@]}" "${common[@]}" \
-      --metrics "$tmp/$name.$r.jsonl" --trace "$tmp/$name.trace.json" >/dev/null
+      --machine "$tmp/machine.json" --metrics "$tmp/$name.$r.jsonl" --trace "$tmp/$name.trace.json" >/dev/null
   fi
 }
 "$build/tools/piper-model" moe --layers 4 --d-model 128 --ffn 256 --seq 64 -o "$tmp/moe.pt" >/dev/null
+mpirun -np 2 "$build/tools/piper-run" "$tmp/m.pt" --profile "$tmp/machine.json" >/dev/null
 printf 'mesh dp = 2;\nreplicate * over dp bucket 1MiB on stream comm;\n' >"$tmp/dp_1mib.piper"
 for r in $(seq 1 "$rounds"); do
   run single 1 single.piper "$r" mb=8
