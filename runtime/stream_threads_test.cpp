@@ -4,9 +4,10 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 using namespace piper;
@@ -14,7 +15,9 @@ using namespace piper::runtime;
 
 namespace {
 // Two forward pieces a and b on the compute stream (stream 0) and c on the comm stream (1): a
-// needs c, which takes 50 ms. Returns the order the ops finished in (a, b, c are nodes 0, 1, 2).
+// needs c. With a window, c does not end before b has run (as an all-to-all waits for a peer) —
+// up to 5 s, so that an executor that kept the head's order fails the check instead of hanging.
+// Returns the order the ops finished in (a, b, c are nodes 0, 1, 2).
 std::vector<ir::NodeId> run(bool window) {
   ir::Graph g;
   ir::GroupId r0 = g.group({0});
@@ -34,11 +37,14 @@ std::vector<ir::NodeId> run(bool window) {
   preds[static_cast<size_t>(a)] = {c};
   StreamThreads threads(g, program, preds, 0, nullptr);
   std::mutex mu;
+  std::condition_variable ran;
   std::vector<ir::NodeId> order;
   const StreamThreads::RunOp op = [&](ir::NodeId v) {
-    if (v == c) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    std::lock_guard lk(mu);
+    std::unique_lock lk(mu);
+    if (v == c && window)
+      ran.wait_for(lk, std::chrono::seconds(5), [&] { return std::find(order.begin(), order.end(), b) != order.end(); });
     order.push_back(v);
+    ran.notify_all();
   };
   const StreamThreads::OnFailure fail = [](const std::string& m) { FAIL(m); };
   CHECK(threads.run(1, op, fail, nullptr) == "");
