@@ -6,9 +6,13 @@
 #  3. collectives through NCCL against MPI: the same training run (dp, ZeRO-3, 1F1B pp=2, DualPipeV
 #     pp=2) with --comm nccl and --comm mpi at world 1 and at world N = the GPUs on this machine (one
 #     rank per GPU); every step's loss must agree to 1e-5 relative (NCCL sums in another order);
-#  4. tokens/s of 1F1B and DualPipeV with --comm nccl and --comm mpi, side by side. Tensors stay on
-#     the CPU in this version (--device cuda is not built), so this times the communication path only.
-# Usage: bench/gpu_check.sh [BUILD_DIR=build-gpu]
+#  4. tokens/s of 1F1B and DualPipeV with --comm nccl and --comm mpi, side by side (tensors on the CPU:
+#     the communication path only);
+#  5. --device cuda, when the LibTorch found has CUDA (Debian's has not: set TORCH_DIR to a CUDA
+#     LibTorch's share/cmake/Torch or its prefix): training on the GPU (world 1, and with two or more
+#     GPUs dp, ZeRO-3, 1F1B and DualPipeV) against the same run on the CPU, every step's loss within
+#     1e-5 relative; tokens/s on the GPU against the CPU.
+# Usage: [TORCH_DIR=...] bench/gpu_check.sh [BUILD_DIR=build-gpu]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-gpu}
@@ -22,7 +26,8 @@ echo "== $gpus GPU(s): $(nvidia-smi --query-gpu=name,driver_version --format=csv
 
 echo "== 1. build with NCCL"
 "$root/scripts/setup.sh" "$build" >/dev/null
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPIPER_WITH_NCCL=ON >/dev/null
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPIPER_WITH_NCCL=ON \
+  ${TORCH_DIR:+-DCMAKE_PREFIX_PATH="$TORCH_DIR"} >/dev/null
 cmake --build "$build" >/dev/null
 
 echo "== 2. NCCL unit tests and start-up"
@@ -31,24 +36,24 @@ echo "== 2. NCCL unit tests and start-up"
 echo "== 3. NCCL against MPI: every step's loss"
 "$build/tools/piper-model" gpt --layers 4 --d-model 64 --ffn 256 --seq 32 -o "$tmp/m.pt" >/dev/null
 common=(--data "$root/data/corpus.txt" --steps 5 --batch-size 8 --threads 2)
-train() {  # comm np strategy metrics sets...
+train() {  # comm np strategy metrics sets... (tensors on ${device:-cpu})
   local comm=$1 np=$2 strategy=$3 out=$4
   shift 4
   local sets=()
   for s in "$@"; do sets+=(--set "$s"); done
   timeout 300 mpirun -np "$np" --oversubscribe --bind-to none "$build/tools/piper-run" "$tmp/m.pt" \
-    "$root/strategies/$strategy" "${sets[@]}" "${common[@]}" --comm "$comm" --metrics "$out" >"$out.log" 2>&1 ||
-    { echo "gpu_check: $comm $strategy at $np ranks failed:"; tail -20 "$out.log"; exit 1; }
+    "$root/strategies/$strategy" "${sets[@]}" "${common[@]}" --comm "$comm" --device "${device:-cpu}" --metrics "$out" >"$out.log" 2>&1 ||
+    { echo "gpu_check: $comm $strategy at $np ranks on ${device:-cpu} failed:"; tail -20 "$out.log"; exit 1; }
 }
-compare() {
-  /usr/bin/python3 - "$1" "$2" "$3" <<'PY'
+compare() {  # a.jsonl b.jsonl label [what b is]
+  /usr/bin/python3 - "$1" "$2" "$3" "${4:-nccl vs mpi}" <<'PY'
 import json, sys
 def losses(p): return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
 assert a and len(a) == len(b), (a, b)
 worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print(f"  {sys.argv[3]:<28} {len(a)} steps, losses {a[0]:.5f} -> {a[-1]:.5f}, nccl vs mpi {worst:.1e}")
-assert worst < 1e-5, "NCCL and MPI disagree"
+print(f"  {sys.argv[3]:<28} {len(a)} steps, losses {a[0]:.5f} -> {a[-1]:.5f}, {sys.argv[4]} {worst:.1e}")
+assert worst < 1e-5, sys.argv[4] + ": the losses disagree"
 PY
 }
 cases=("1 dp.piper dp=1" "1 single.piper mb=2")
@@ -76,5 +81,32 @@ PY
   done
 else
   echo "  one GPU: pipelines need two ranks with a GPU each; skipped"
+fi
+
+echo "== 5. tensors on the GPU (--device cuda) against the CPU"
+speed() {  # metrics label
+  /usr/bin/python3 - "$1" "$2" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
+print(f"  {sys.argv[2]:<36} {statistics.median(r['tokens_per_s'] for r in rows[1:]):,.0f} tokens/s")
+PY
+}
+if ! grep -q "^PIPER_TORCH_CUDA:INTERNAL=ON" "$build/CMakeCache.txt"; then
+  echo "  the LibTorch found has no CUDA: --device cuda cannot run (set TORCH_DIR to a CUDA LibTorch); skipped"
+else
+  for c in "${cases[@]}"; do
+    read -r np strategy sets <<<"$c"
+    device=cpu train mpi "$np" "$strategy" "$tmp/cpu.jsonl" $sets
+    device=cuda train nccl "$np" "$strategy" "$tmp/cuda.jsonl" $sets
+    compare "$tmp/cpu.jsonl" "$tmp/cuda.jsonl" "$strategy np=$np $sets" "gpu vs cpu"
+  done
+  common=(--data "$root/data/corpus.txt" --steps 8 --batch-size 32 --threads 2)
+  device=cpu train mpi 1 single.piper "$tmp/s.jsonl" mb=8 && speed "$tmp/s.jsonl" "one rank, cpu"
+  device=cuda train nccl 1 single.piper "$tmp/s.jsonl" mb=8 && speed "$tmp/s.jsonl" "one rank, cuda"
+  if [ "$gpus" -ge 2 ]; then
+    for strategy in 1f1b dualpipev; do
+      device=cuda train nccl 2 "$strategy.piper" "$tmp/s.jsonl" pp=2 mb=8 && speed "$tmp/s.jsonl" "$strategy pp=2 mb=8, cuda"
+    done
+  fi
 fi
 echo "gpu_check: done"

@@ -51,7 +51,7 @@ void sync_dir(const fs::path& dir) {
 std::string step_name(int64_t step) { return fmt::format("step-{:08d}", step); }
 
 void append(std::string& out, const torch::Tensor& t) {
-  const torch::Tensor c = t.detach().to(torch::kFloat).contiguous();
+  const torch::Tensor c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();  // from wherever it lives
   out.append(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel()) * sizeof(float));
 }
 }  // namespace

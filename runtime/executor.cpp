@@ -14,6 +14,9 @@
 
 #include "runtime/checkpoint.h"
 #include "runtime/chunk_runner.h"
+#include "runtime/device_memory.h"
+#include "runtime/device_queues.h"
+#include "runtime/device_streams.h"
 #include "runtime/experts.h"
 #include "runtime/rank_view.h"
 #include "runtime/region_model.h"
@@ -35,10 +38,15 @@ struct Executor::Impl {
   const sched::Plan& plan;
   const ir::Graph& g;
   const TokenData& data;
-  Communicator& comm;
   ExecutorOptions opt;
   RegionModel model;
   RankView view;
+  torch::Device dev;
+  // On a device: its streams and events, and the communicator that synchronizes before the library
+  // touches device memory (the ops use `comm`, which is that one then).
+  std::unique_ptr<DeviceQueues> queues;
+  std::unique_ptr<Communicator> synced;
+  Communicator& comm;
   int64_t seq = 0, model_seq = 0;  // tokens per sample, run and as the model was made
   std::map<int32_t, std::unique_ptr<StageParams>> params;  // per held stage
   std::map<int32_t, std::vector<PieceModules>> pieces;     // per held stage, per segment
@@ -91,8 +99,26 @@ struct Executor::Impl {
   }
 
   Impl(const sched::Plan& p, const std::string& path, const TokenData& d, Communicator& c, ExecutorOptions o)
-      : plan(p), g(p.dag), data(d), comm(c), opt(std::move(o)), model(path),
-        view(make_rank_view(p, c.rank(), c.size(), std::min(c.max_tag(), kPlanTagLimit))), model_path(path) {}
+      : plan(p), g(p.dag), data(d), opt(std::move(o)), model(path),
+        view(make_rank_view(p, c.rank(), c.size(), std::min(c.max_tag(), kPlanTagLimit))), dev(device_of(opt.device)),
+        queues(make_queues()), synced(queues ? make_device_synced_communicator(c, *queues) : nullptr),
+        comm(synced ? *synced : c), model_path(path) {}
+
+  static torch::Device device_of(const std::string& name) {
+    try {
+      return torch::Device(name);
+    } catch (const std::exception&) {
+      throw std::runtime_error(fmt::format("--device '{}': expected cpu, cuda or cuda:N", name));
+    }
+  }
+  std::unique_ptr<DeviceQueues> make_queues() const {
+    const std::string on = !opt.stream_device.empty() ? opt.stream_device : dev.is_cpu() ? "" : opt.device;
+    if (on.empty()) return nullptr;
+    return std::make_unique<DeviceQueues>(on, plan_device_streams(plan, view), g.nodes.size());
+  }
+  torch::TensorOptions on_device(torch::ScalarType t = torch::kFloat) const {
+    return torch::TensorOptions().dtype(t).device(dev);
+  }
 
   const Node& node(NodeId v) const { return g.nodes[static_cast<size_t>(v)]; }
   PieceIO& io_of(const Node& n) { return pieces_io.at({n.stage, n.microbatch, n.segment}); }
@@ -110,6 +136,9 @@ struct Executor::Impl {
     set_memory_rank(comm.rank());
     plain_interpreter();
     auto& impl = model.impl();
+    // The whole model moves before the stages take their weights (their flat buffers follow the
+    // weights' device); the regions this rank does not hold are released below, there as here.
+    if (!dev.is_cpu()) impl.root.to(dev);
     // Training mode (dropout as the model says), with a per-rank seed: reproducible run to run under
     // one strategy; masks differ between strategies, so they agree only where dropout is 0.
     impl.root.train(true);
@@ -197,6 +226,8 @@ struct Executor::Impl {
                                                     OptimizerOptions{opt.optimizer, opt.lr}, comm, std::move(dense_names),
                                                     std::move(expert_names));
       if (!copies.empty()) params[stage]->mark_copies(copies);
+      if (queues)
+        params[stage]->set_before_release([this](const torch::Tensor& t) { queues->used_by_current_stream(t); });
     }
     // Weights of regions this rank does not hold are released: the archive is read whole (TorchScript
     // has no partial load), but only the owned stages' weights (and experts) stay in memory.
@@ -219,8 +250,14 @@ struct Executor::Impl {
         ++consumers[static_cast<size_t>(e.src)];
       }
     unread = std::make_unique<std::atomic<int>[]>(g.nodes.size());
-    threads = std::make_unique<StreamThreads>(g, view.program(plan), view.local_preds, comm.rank(), [] { plain_interpreter(); });
+    threads = std::make_unique<StreamThreads>(g, view.program(plan), view.local_preds, comm.rank(), [this](size_t k) {
+      plain_interpreter();
+      if (queues) queues->enter(k);
+    });
     threads->set_op_timeout(opt.op_timeout);
+    threads->set_in_order(queues != nullptr);
+    // This thread filled the flat buffers on its own stream; the op streams do not wait for it.
+    if (queues) queues->synchronize_current();
     fault = parse_fault(std::getenv("PIPER_FAULT"));
   }
 
@@ -358,7 +395,7 @@ struct Executor::Impl {
     {
       MemScope scope(MemCategory::Activations);
       const bool bf16 = g.stage(n.stage).precision == DType::BF16;
-      buf = torch::empty(per_sample_shape(act ? regions.front() : regions.back(), act), bf16 ? torch::kBFloat16 : torch::kFloat);
+      buf = torch::empty(per_sample_shape(act ? regions.front() : regions.back(), act), on_device(bf16 ? torch::kBFloat16 : torch::kFloat));
     }
     auto [peer, tag] = view.peers[static_cast<size_t>(v)];
     comm.recv(buf.data_ptr(), static_cast<size_t>(buf.nbytes()), peer, tag);
@@ -387,7 +424,16 @@ struct Executor::Impl {
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // until the watchdog ends the job
       if (fault->kind == "drop" && node(v).op == Op::Send) return;     // the peer never gets it
     }
+    if (queues) queues->before(v);
     run_op(v);
+    if (queues) {
+      // What another stream allocated stays allocated until this stream is past v.
+      const int k = queues->stream_of(v);
+      for (NodeId u : data_preds[static_cast<size_t>(v)])
+        if (queues->stream_of(u) != k)
+          for (const auto& t : values[static_cast<size_t>(u)]) queues->used_by_current_stream(t);
+      queues->after(v);
+    }
     for (NodeId u : data_preds[static_cast<size_t>(v)])
       if (--unread[static_cast<size_t>(u)] == 0) values[static_cast<size_t>(u)].clear();
   }
@@ -422,14 +468,17 @@ struct Executor::Impl {
     cur_step = s + 1;
     auto t0 = std::chrono::steady_clock::now();
     reset_memory_peak(comm.rank());
+    if (!dev.is_cpu()) reset_device_memory_peak(opt.device);
     const int64_t per_replica = opt.global_batch / view.replicas;
     {
       MemScope scope(MemCategory::Activations);
       auto batch = data.batch(opt.seed, static_cast<uint64_t>(s), opt.global_batch, view.replica * per_replica,
                               per_replica, seq);
-      tokens = torch::from_blob(batch.data(), {per_replica, seq + 1}, torch::kLong).clone();
+      const torch::Tensor host = torch::from_blob(batch.data(), {per_replica, seq + 1}, torch::kLong);
+      tokens = dev.is_cpu() ? host.clone() : host.to(dev);
     }
     for (auto& [stage, sp] : params) sp->start_step();
+    if (queues) queues->synchronize_current();  // the zeroed gradients, before any op stream adds to them
     pieces_io.clear();
     for (size_t v = 0; v < g.nodes.size(); ++v)
       if (view.mine(plan, static_cast<NodeId>(v)))
@@ -440,6 +489,7 @@ struct Executor::Impl {
     std::string failure = threads->run(s + 1, [this](NodeId v) { run(v); },
                                        [this](const std::string& msg) { comm.abort(msg); }, &res.ops);
     if (!failure.empty()) comm.abort(failure);
+    if (queues) queues->synchronize();  // the step ends when its kernels have, not its launches
 
     // The loss lives on the last stage's ranks: sum it over everyone, average over replicas.
     double loss = 0;
@@ -455,6 +505,8 @@ struct Executor::Impl {
     pieces_io.clear();
     tokens = torch::Tensor();
     res.memory = memory_stats(comm.rank());
+    if (!dev.is_cpu())  // the device's tensors: its allocator's figures, where this LibTorch gives them
+      if (auto m = device_memory_stats(opt.device)) res.memory = *m;
     res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return res;
   }
@@ -578,7 +630,7 @@ void Executor::save_model(const std::string& path) {
   std::vector<float> values;
   for (const auto& p : mine) {
     index.push_back({p.region, p.param, p.begin, p.end});
-    const torch::Tensor v = p.value.detach().to(torch::kFloat).contiguous();
+    const torch::Tensor v = p.value.detach().to(torch::kCPU, torch::kFloat).contiguous();
     values.insert(values.end(), v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
   }
   const int kLenTag = x.comm.max_tag() - 2, kIndexTag = x.comm.max_tag() - 1, kValueTag = x.comm.max_tag();  // above the plan's

@@ -21,6 +21,12 @@ struct ExecutorOptions {
   uint64_t seed = 0;                // data order
   int64_t seq_len = 0;              // tokens per sample; 0: the model's (at most the model's)
   double op_timeout = 0;            // seconds an op may run or wait before the watchdog ends the job (0: never)
+  // Where tensors live: "cpu", or a device with streams ("cuda", "cuda:1"), whose streams then run
+  // the rank's logical streams with events between them (runtime/device_queues.h).
+  std::string device = "cpu";
+  // Tests: a device whose streams and events order the ops while the tensors stay on `device`
+  // (a fake's); "" = `device` itself when it is not the CPU.
+  std::string stream_device = "";
 };
 
 struct StepResult {

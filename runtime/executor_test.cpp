@@ -11,6 +11,8 @@
 #include <fstream>
 #include <thread>
 
+#include "runtime/device_streams.h"
+#include "runtime/fake_device.h"
 #include "runtime/fake_nccl.h"
 #include "runtime/model_zoo.h"
 #include "runtime/nccl_communicator.h"
@@ -76,7 +78,8 @@ std::vector<double> reference(int steps, int64_t batch, const std::string& path 
 // Every rank of the plan as a thread with its own executor and an in-process communicator.
 std::vector<double> distributed(const std::string& strategy, std::vector<std::string> sets, int world, int steps,
                                 int64_t batch, const std::string& model = tiny_model(), const std::string& optimizer = "adamw",
-                                int64_t* expert_bytes = nullptr, bool through_nccl = false) {
+                                int64_t* expert_bytes = nullptr, bool through_nccl = false,
+                                const std::string& stream_device = "", DeviceStreamPlan* device_plans = nullptr) {
   sched::PlanOptions opt;
   opt.cmd.np = world;
   opt.cmd.sets = std::move(sets);
@@ -97,8 +100,9 @@ std::vector<double> distributed(const std::string& strategy, std::vector<std::st
   for (int r = 0; r < world; ++r)
     ranks.emplace_back([&, r] {
       try {
-        Executor ex(*plan, model, data, *comms[static_cast<size_t>(r)],
-                    ExecutorOptions{batch, optimizer == "adamw" ? 1e-3 : 1e-1, optimizer, 0});
+        ExecutorOptions o{batch, optimizer == "adamw" ? 1e-3 : 1e-1, optimizer, 0};
+        o.stream_device = stream_device;
+        Executor ex(*plan, model, data, *comms[static_cast<size_t>(r)], o);
         for (int s = 0; s < steps; ++s) losses[static_cast<size_t>(r)].push_back(ex.step(s).loss);
       } catch (const std::exception& e) {
         failures[static_cast<size_t>(r)] = e.what();
@@ -107,6 +111,15 @@ std::vector<double> distributed(const std::string& strategy, std::vector<std::st
   for (auto& t : ranks) t.join();
   for (const auto& f : failures) REQUIRE_MESSAGE(f.empty(), f);
   for (const auto& l : losses) CHECK(l == losses.front());  // every rank reports the same loss
+  if (device_plans) {  // the waits and records all ranks' device plans ask for in a step
+    *device_plans = DeviceStreamPlan{};
+    for (int r = 0; r < world; ++r) {
+      const DeviceStreamPlan dp = plan_device_streams(*plan, make_rank_view(*plan, r, world, (1 << 30) - 1));
+      device_plans->waits += dp.waits;
+      for (const auto& prog : dp.programs)
+        for (const auto& st : prog) device_plans->events += st.record >= 0;
+    }
+  }
   if (through_nccl) CHECK(!nccl.log(0).empty());  // its communicators were made, so NCCL carried the traffic
   if (expert_bytes) {
     *expert_bytes = 0;
@@ -184,6 +197,58 @@ TEST_CASE("in-process expert parallelism trains to the single-device losses: EP 
                   want);
     }
   }
+}
+
+TEST_CASE("on a device, each logical stream launches on a stream of its own, waiting through events") {
+  // A fake device's streams (tensors stay on the CPU): every wait the rank's device plan keeps
+  // reaches the device after the record it means, on the waiting thread's own stream, and the
+  // losses are the single device's.
+  torch::set_num_threads(1);
+  const std::string fake = install_fake_device();
+  const int steps = 3;
+  const int64_t batch = 8;
+  auto run = [&](const std::string& strategy, std::vector<std::string> sets, int world, const std::string& model) {
+    reset_fake_device_counts();
+    DeviceStreamPlan want;
+    auto got = distributed(strategy, std::move(sets), world, steps, batch, model, "adamw", nullptr, false, fake, &want);
+    same_losses(got, reference(steps, batch, model));
+    const FakeDeviceCounts c = fake_device_counts();
+    for (const auto& e : c.errors) FAIL_CHECK(e);
+    CHECK(want.waits > 0);  // the plan crosses streams
+    CHECK(c.blocks == steps * want.waits);
+    CHECK(c.records == steps * want.events);
+    CHECK(c.synchronizes > 0);  // the communicator waited for the kernels before the library read
+    return c;
+  };
+  SUBCASE("dp=2: gradient buckets on the comm stream") { run("dp.piper", {"dp=2"}, 2, tiny_model()); }
+  SUBCASE("1f1b pp=2 x zero3 dp=2: gathered units kept for the stream that computes with them") {
+    CHECK(run("1f1b_zero3.piper", {"pp=2", "dp=2", "mb=2"}, 4, tiny_model()).kept > 0);
+  }
+  SUBCASE("dualpipev pp=2 x ep=2: all-to-alls beside the overlapped pairs") {
+    CHECK(run("dualpipev_ep.piper", {"pp=2", "mb=4", "ep=2"}, 4, tiny_moe()).kept > 0);
+  }
+}
+
+TEST_CASE("--device names a device this LibTorch and machine have") {
+  const auto plan = [] {
+    sched::PlanOptions opt;
+    opt.cmd.np = 1;
+    opt.cmd.batch_size = 8;
+    opt.cmd.search_path = default_search_path();
+    std::string errors;
+    return sched::compile_plan(tiny_model(), std::string(PIPER_STRATEGY_DIR) + "/single.piper", opt, &errors);
+  }();
+  REQUIRE(plan);
+  auto comms = make_fake_world(1);
+  TokenData data(kData);
+  auto start = [&](const std::string& device) {
+    ExecutorOptions o{8, 1e-3, "adamw", 0};
+    o.device = device;
+    Executor ex(*plan, tiny_model(), data, *comms[0], o);
+  };
+  CHECK_THROWS_WITH_AS(start("gpu"), doctest::Contains("--device 'gpu': expected cpu, cuda or cuda:N"), std::runtime_error);
+  if (!torch::cuda::is_available())  // Debian's LibTorch has no CUDA; one that has, on a machine without a GPU
+    CHECK_THROWS_WITH_AS(start("cuda"), doctest::Contains("device 'cuda'"), std::runtime_error);
 }
 
 TEST_CASE("in-process ranks train to the single-device losses through the NCCL communicator (fake NCCL)") {

@@ -10,8 +10,8 @@ namespace {
 constexpr size_t kFloat = sizeof(float);
 
 // Member k's experts as column indices of the gates.
-torch::Tensor owned_by(const StageView::Experts& ex, size_t k) {
-  return torch::tensor(ex.shard->owned(static_cast<int64_t>(k)), torch::kLong);
+torch::Tensor owned_by(const StageView::Experts& ex, size_t k, torch::Device on) {
+  return torch::tensor(ex.shard->owned(static_cast<int64_t>(k)), torch::TensorOptions(torch::kLong).device(on));
 }
 
 // Sends parts[k] (rows of floats) to member k; returns what each member sent here, rows of `width`,
@@ -30,7 +30,7 @@ torch::Tensor exchange(Communicator& comm, const std::vector<int>& group, const 
     rows += n;
   }
   torch::Tensor send = torch::cat(flat);
-  torch::Tensor recv = torch::empty({rows, width});
+  torch::Tensor recv = torch::empty({rows, width}, send.options());
   comm.all_to_all_v(send.data_ptr(), send_bytes, recv.data_ptr(), recv_bytes, group, kExpertChannel);
   return recv;
 }
@@ -46,7 +46,7 @@ void ExpertExchange::dispatch(const PieceIO& router, PieceIO& expert) {
   std::vector<int64_t> count_to(ways), count_from(ways);
   expert.route_to.clear();
   for (size_t k = 0; k < ways; ++k) {
-    const torch::Tensor gk = gf.index_select(1, owned_by(ex, k));
+    const torch::Tensor gk = gf.index_select(1, owned_by(ex, k, gf.device()));
     const torch::Tensor idx = (gk != 0).any(1).nonzero().squeeze(1);  // tokens that chose one of k's experts
     expert.route_to.push_back(idx);
     parts.push_back(torch::cat({hf.index_select(0, idx), gk.index_select(0, idx)}, 1));
@@ -76,7 +76,7 @@ torch::Tensor ExpertExchange::combine(const PieceIO& router, const PieceIO& expe
     rows_from.push_back(expert.route_to[k].size(0));
   }
   const torch::Tensor got = exchange(comm, ex.group, back, rows_from, d);
-  torch::Tensor y = torch::zeros({a.numel() / d, d});
+  torch::Tensor y = torch::zeros({a.numel() / d, d}, a.options());
   for (size_t k = 0, at = 0; k < ex.group.size(); ++k) {
     const int64_t n = rows_from[k];
     y.index_add_(0, expert.route_to[k], got.slice(0, static_cast<int64_t>(at), static_cast<int64_t>(at) + n));
@@ -105,8 +105,8 @@ std::vector<torch::Tensor> ExpertExchange::dispatch_transpose(const std::vector<
   int64_t received = 0;
   for (int64_t n : expert.route_from) received += n;
   // An expert piece that got no tokens has no gradient: zeros.
-  const torch::Tensor gh = grad_inputs.size() > 0 && grad_inputs[0].defined() ? grad_inputs[0] : torch::zeros({received, d});
-  const torch::Tensor gg = grad_inputs.size() > 1 && grad_inputs[1].defined() ? grad_inputs[1] : torch::zeros({received, mine});
+  const torch::Tensor gh = grad_inputs.size() > 0 && grad_inputs[0].defined() ? grad_inputs[0] : torch::zeros({received, d}, h.options());
+  const torch::Tensor gg = grad_inputs.size() > 1 && grad_inputs[1].defined() ? grad_inputs[1] : torch::zeros({received, mine}, g.options());
   const torch::Tensor rows = torch::cat({gh, gg}, 1);
   std::vector<torch::Tensor> back;
   for (size_t k = 0, at = 0; k < ex.group.size(); ++k) {
@@ -124,15 +124,15 @@ std::vector<torch::Tensor> ExpertExchange::dispatch_transpose(const std::vector<
   std::vector<torch::Tensor> cols;
   int64_t total = 0;
   for (size_t k = 0; k < ex.group.size(); ++k) {
-    cols.push_back(owned_by(ex, k));
+    cols.push_back(owned_by(ex, k, g.device()));
     const int64_t width = d + cols.back().size(0);
     recv_bytes.push_back(static_cast<size_t>(expert.route_to[k].size(0) * width) * kFloat);
     total += expert.route_to[k].size(0) * width;
   }
   const torch::Tensor send = torch::cat(flat);
-  torch::Tensor recv = torch::empty({total});
+  torch::Tensor recv = torch::empty({total}, send.options());
   comm.all_to_all_v(send.data_ptr(), send_bytes, recv.data_ptr(), recv_bytes, ex.group, kExpertChannel);
-  torch::Tensor out_h = torch::zeros({h.numel() / d, d}), out_g = torch::zeros({g.numel() / experts, experts});
+  torch::Tensor out_h = torch::zeros({h.numel() / d, d}, h.options()), out_g = torch::zeros({g.numel() / experts, experts}, g.options());
   int64_t at = 0;
   for (size_t k = 0; k < ex.group.size(); ++k) {
     const torch::Tensor& idx = expert.route_to[k];

@@ -14,8 +14,15 @@ namespace {
 // The optimizer works in chunks so its temporaries stay small whatever the shard size.
 constexpr int64_t kOptimizerChunk = 1 << 20;
 
+// A ZeRO-3 unit's storage grows to hold the unit, or shrinks to nothing; its contents are not kept
+// (a gather fills it whole).
 void resize_storage(const torch::Tensor& t, int64_t elements) {
-  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), static_cast<size_t>(elements) * t.element_size());
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(elements) * t.element_size();
+  if (t.is_cpu()) return at::native::resize_bytes_cpu(s, bytes);
+  // Elsewhere (a CUDA caching allocator) the storage's own allocator: the old block goes back to it.
+  s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
+  s->set_nbytes(bytes);
 }
 }  // namespace
 
@@ -83,7 +90,11 @@ StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense
                          int64_t expert_replicas, const OptimizerOptions& opt, Communicator& comm, Names dense_names,
                          Names expert_names)
     : view_(view), comm_(comm), dense_(std::move(dense)), experts_(std::move(experts)),
-      expert_replicas_(expert_replicas), bf16_(view.facts->precision == DType::BF16), optimizer_(opt),
+      expert_replicas_(expert_replicas), bf16_(view.facts->precision == DType::BF16),
+      f32_(torch::TensorOptions().dtype(torch::kFloat).device(!dense_.empty() ? dense_[0].device()
+                                                              : !experts_.empty() ? experts_[0].device()
+                                                                                  : torch::Device(torch::kCPU))),
+      optimizer_(opt),
       dense_names_(std::move(dense_names)), expert_names_(std::move(expert_names)) {
   torch::NoGradGuard no_grad;
   const ir::StageFacts& f = *view_.facts;
@@ -100,7 +111,7 @@ StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense
   if (zero < 3) {
     {
       MemScope scope(MemCategory::Params);
-      flat_ = torch::empty({f.dense_elems});
+      flat_ = torch::empty({f.dense_elems}, f32_);
     }
     for (size_t i = 0; i < dense_.size(); ++i)
       flat_.narrow(0, offset_[i], dense_[i].numel()).copy_(dense_[i].detach().reshape({-1}));
@@ -111,9 +122,9 @@ StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense
     for (size_t i = 0; i < dense_.size(); ++i) view_into(dense_[i], bf16_ ? compute_ : flat_, offset_[i]);
     if (zero <= 1) {
       MemScope scope(MemCategory::Grads);
-      grad_ = torch::zeros({f.dense_elems});
+      grad_ = torch::zeros({f.dense_elems}, f32_);
       // In bf16 the backward accumulates into bf16 gradients, added into the fp32 ones piece by piece.
-      if (bf16_) grad16_ = torch::zeros({f.dense_elems}, torch::kBFloat16);
+      if (bf16_) grad16_ = torch::zeros({f.dense_elems}, f32_.dtype(torch::kBFloat16));
       const torch::Tensor& into = bf16_ ? grad16_ : grad_;
       for (size_t i = 0; i < dense_.size(); ++i)
         dense_[i].mutable_grad() = into.narrow(0, offset_[i], dense_[i].numel()).view(dense_[i].sizes());
@@ -128,7 +139,7 @@ StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense
           shard_grad_.push_back(grad_.narrow(0, mine.begin, mine.size()));
         } else {
           MemScope scope(MemCategory::Grads);
-          shard_grad_.push_back(torch::zeros({mine.size()}));
+          shard_grad_.push_back(torch::zeros({mine.size()}, f32_));
         }
         optimizer_.add(flat_.narrow(0, mine.begin, mine.size()), shard_grad_.back());
         slot_at_.emplace_back(false, mine.begin);
@@ -142,8 +153,8 @@ StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense
       torch::Tensor storage, values;
       {
         MemScope scope(MemCategory::Gather);
-        values = torch::empty({unit.size()});  // fp32: the shard this rank keeps is the master copy
-        storage = bf16_ ? torch::empty({unit.size()}, torch::kBFloat16) : values;
+        values = torch::empty({unit.size()}, f32_);  // fp32: the shard this rank keeps is the master copy
+        storage = bf16_ ? torch::empty({unit.size()}, f32_.dtype(torch::kBFloat16)) : values;
       }
       for (size_t i : params_in(unit))
         values.narrow(0, offset_[i] - unit.begin, dense_[i].numel()).copy_(dense_[i].detach().reshape({-1}));
@@ -156,7 +167,7 @@ StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense
       for (size_t i : params_in(unit)) view_into(dense_[i], storage, offset_[i] - unit.begin);
       {
         MemScope scope(MemCategory::Grads);
-        shard_grad_.push_back(torch::zeros({mine.size()}));
+        shard_grad_.push_back(torch::zeros({mine.size()}, f32_));
       }
       optimizer_.add(shard_param_.back(), shard_grad_.back());
       slot_at_.emplace_back(false, mine.begin);
@@ -174,11 +185,11 @@ StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense
     for (auto& p : experts_) n += p.numel();
     {
       MemScope scope(MemCategory::Params);
-      expert_flat_ = torch::empty({n});
+      expert_flat_ = torch::empty({n}, f32_);
     }
     {
       MemScope scope(MemCategory::Grads);
-      expert_grad_ = torch::zeros({n});
+      expert_grad_ = torch::zeros({n}, f32_);
     }
     int64_t at = 0;
     for (auto& p : experts_) {
@@ -246,7 +257,7 @@ void StageParams::begin_backward(const ir::Range& range, int32_t mb) {
       auto [it, fresh] = mb_grads_.emplace(std::make_pair(mb, b), torch::Tensor());
       if (fresh) {
         MemScope scope(MemCategory::Grads);
-        it->second = torch::zeros({buckets[b].size()}, bf16_ ? torch::kBFloat16 : torch::kFloat);
+        it->second = torch::zeros({buckets[b].size()}, f32_.dtype(bf16_ ? torch::kBFloat16 : torch::kFloat));
       }
       buf = it->second;
     }
@@ -301,7 +312,7 @@ void StageParams::reduce_scatter(size_t bucket, int32_t mb) {
   torch::Tensor out = shard;
   if (!direct) {
     MemScope scope(MemCategory::Comm);
-    out = torch::empty({shard.numel()});
+    out = torch::empty({shard.numel()}, f32_);
   }
   comm_.reduce_scatter_sum(source.data_ptr<float>(), out.data_ptr<float>(), offsets, view_.dp_group, kReplicaChannel);
   torch::NoGradGuard no_grad;
@@ -339,7 +350,7 @@ void StageParams::gather_unit(size_t u, int consumers) {
     } else {
       // Already materialized for another microbatch or direction: the values are the same, but
       // writing into storage a running piece reads would race; gather into a scratch buffer.
-      target = torch::empty({unit.size()}, bf16_ ? torch::kBFloat16 : torch::kFloat);
+      target = torch::empty({unit.size()}, f32_.dtype(bf16_ ? torch::kBFloat16 : torch::kFloat));
     }
   }
   // The storage is written by the communicator (or a copy into the storage's own tensor), never
@@ -348,7 +359,7 @@ void StageParams::gather_unit(size_t u, int consumers) {
   torch::Tensor gathered = target;
   if (bf16_) {
     MemScope scope(MemCategory::Gather);
-    gathered = torch::empty({unit.size()});
+    gathered = torch::empty({unit.size()}, f32_);
   }
   comm_.all_gather(shard_param_[u].data_ptr<float>(), gathered.data_ptr<float>(), relative(view_.unit_shards[u]),
                    view_.dp_group, kReplicaChannel);
@@ -361,7 +372,10 @@ void StageParams::gather_unit(size_t u, int consumers) {
 void StageParams::release_units(const ir::Range& range) {
   std::lock_guard lk(mu_);
   for (size_t u : units_in(range))
-    if (holders_[u] > 0 && --holders_[u] == 0) resize_storage(unit_[u], 0);
+    if (holders_[u] > 0 && --holders_[u] == 0) {
+      if (before_release_) before_release_(unit_[u]);
+      resize_storage(unit_[u], 0);
+    }
 }
 
 void StageParams::update() {

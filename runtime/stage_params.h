@@ -4,6 +4,7 @@
 #pragma once
 #include <torch/script.h>
 
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -72,6 +73,9 @@ class StageParams {
   void all_gather(size_t bucket);                  // ZeRO-1/2: updated parameters, after the update
   void gather_unit(size_t unit, int consumers);    // ZeRO-3: before `consumers` pieces use the unit
   void release_units(const ir::Range& range);      // ZeRO-3: after a piece used them
+  // On a device: called on the releasing thread with a unit's storage before it is let go (the
+  // allocator must not reuse it before the stream that computed with it is done).
+  void set_before_release(std::function<void(const torch::Tensor&)> f) { before_release_ = std::move(f); }
   void update();
   // The gradient of tied parameter `tie` that this rank steps (its shard with ZeRO), final after the
   // stage's reductions; ALLREDUCE_T sums it with the other copies'.
@@ -97,6 +101,8 @@ class StageParams {
   std::vector<torch::Tensor> dense_, experts_;
   int64_t expert_replicas_ = 1;
   const bool bf16_;              // `precision bf16`: the modules run on bf16 copies of fp32 masters
+  const torch::TensorOptions f32_;  // fp32 on the parameters' device: every buffer here lives there
+  std::function<void(const torch::Tensor&)> before_release_;
   std::vector<int64_t> offset_;  // per dense parameter: its first element in the layout
   torch::Tensor flat_, grad_;    // ZeRO 0-2: all parameters and (0-1) gradients, contiguous, fp32
   torch::Tensor compute_, grad16_;  // bf16: what the modules compute with, and (ZeRO 0-1) their gradients

@@ -10,7 +10,7 @@
 namespace piper::runtime {
 
 StreamThreads::StreamThreads(const ir::Graph& g, const sched::ClassProgram& program,
-                             const std::vector<std::vector<ir::NodeId>>& preds, int rank, std::function<void()> thread_init)
+                             const std::vector<std::vector<ir::NodeId>>& preds, int rank, std::function<void(size_t)> thread_init)
     : g_(g), program_(program), preds_(preds), rank_(rank), thread_init_(std::move(thread_init)), done_(g.nodes.size(), 0),
       heads_(program.streams.size()) {
   for (size_t s = 0; s < program_.streams.size(); ++s) threads_.emplace_back([this, s] { loop(s); });
@@ -96,7 +96,7 @@ std::string StreamThreads::stuck_report(std::chrono::steady_clock::time_point no
 
 void StreamThreads::loop(size_t s) {
   set_memory_rank(rank_);
-  if (thread_init_) thread_init_();
+  if (thread_init_) thread_init_(s);
   const sched::StreamProgram& prog = program_.streams[s];
   const std::string stream = g_.streams[prog.stream];
   uint64_t seen = 0;
@@ -120,7 +120,7 @@ void StreamThreads::loop(size_t s) {
         heads_[s] = Head{v, false, std::chrono::steady_clock::now()};
         cv_.wait(lk, [&] {
           if (!failure_.empty()) return true;
-          const int32_t w = prog.window.empty() ? -1 : prog.window[next];
+          const int32_t w = prog.window.empty() || in_order_ ? -1 : prog.window[next];
           for (size_t i = next; i < prog.ops.size() && (i == next || (w >= 0 && prog.window[i] == w)); ++i)
             if (!ran[i] && ready(prog.ops[i])) {
               at = i;

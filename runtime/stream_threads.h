@@ -30,9 +30,10 @@ class StreamThreads {
   // Called on the failing thread, at once (to abort the job so that no peer waits on this rank).
   using OnFailure = std::function<void(const std::string& message)>;
 
-  // `thread_init` runs first on every stream thread (thread-local settings of the libraries it calls).
+  // `thread_init(k)` runs first on the thread of program stream k (thread-local settings of the
+  // libraries it calls: the interpreter's mode, the device stream it launches on).
   StreamThreads(const ir::Graph& g, const sched::ClassProgram& program, const std::vector<std::vector<ir::NodeId>>& preds,
-                int rank, std::function<void()> thread_init);
+                int rank, std::function<void(size_t stream)> thread_init);
   ~StreamThreads();
   StreamThreads(const StreamThreads&) = delete;
   StreamThreads& operator=(const StreamThreads&) = delete;
@@ -43,6 +44,9 @@ class StreamThreads {
   // An op that runs, or waits for its events, longer than this fails the step with a report of
   // every stream (0: never). Set before run().
   void set_op_timeout(double seconds) { op_timeout_ = seconds; }
+  // Every stream runs its ops in the program's order, overlap windows included: on a device, where
+  // a thread only launches work, events name ops by their planned place (runtime/device_queues.h).
+  void set_in_order(bool in_order) { in_order_ = in_order; }
 
  private:
   void loop(size_t stream);
@@ -54,7 +58,7 @@ class StreamThreads {
   const sched::ClassProgram& program_;
   const std::vector<std::vector<ir::NodeId>>& preds_;
   const int rank_;
-  std::function<void()> thread_init_;
+  std::function<void(size_t)> thread_init_;
   std::vector<std::thread> threads_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -69,6 +73,7 @@ class StreamThreads {
   std::vector<OpSpan>* spans_ = nullptr;
   std::chrono::steady_clock::time_point t0_;
   double op_timeout_ = 0;
+  bool in_order_ = false;
   // Per stream: the op at its head (-1: finished the step), whether it runs (else it waits for its
   // events), and since when.
   struct Head {

@@ -150,7 +150,8 @@ int main(int argc, char** argv) {
                  "tensors stay on the CPU)")
       ->check(CLI::IsMember({"mpi", "nccl"}))
       ->capture_default_str();
-  app.add_option("--device", device, "where tensors live: cpu (cuda is not built yet: docs/runtime.md)")
+  app.add_option("--device", device, "where tensors live: cpu, or cuda (the local rank's GPU; needs a LibTorch with "
+                 "CUDA, and --comm nccl on more than one rank: docs/runtime.md)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--save-model", save_model, "write the trained model as a TorchScript model.pt with its manifest");
@@ -175,9 +176,13 @@ int main(int argc, char** argv) {
     if (lead) fmt::print(stderr, "{}{}", msg, msg.ends_with('\n') ? "" : "\n");
     return 1;
   };
-  if (device == "cuda")
-    return fail("piper-run: error: --device cuda: the executor keeps tensors on the CPU in this version (no CUDA "
-                "streams or device tensors yet); --comm nccl moves its communication through the GPU");
+  if (device == "cuda") {
+    if (comm->size() > 1 && comm_backend != "nccl")
+      return fail("piper-run: error: --device cuda on more than one rank needs --comm nccl (MPI would be handed GPU "
+                  "memory)");
+    if (!profile_path.empty()) return fail("piper-run: error: --profile measures the CPU; not with --device cuda");
+    device = fmt::format("cuda:{}", local_rank());
+  }
   if (comm_backend == "nccl") {
     // MPI stays underneath: it starts the job, carries the NCCL ids and ends the job on a failure.
     try {
@@ -278,7 +283,7 @@ int main(int argc, char** argv) {
   try {
     TokenData data(data_path);
     set_intra_op_threads(t);
-    Executor ex(*plan, model, data, *comm, ExecutorOptions{batch, lr, optimizer, seed, seq_len, op_timeout});
+    Executor ex(*plan, model, data, *comm, ExecutorOptions{batch, lr, optimizer, seed, seq_len, op_timeout, device});
     int64_t seq = seq_len > 0 ? seq_len : plan->manifest.regions[static_cast<size_t>(plan->manifest.sequence.front())].input->shape[0];
     if (lead)
       fmt::print("piper-run: {} ranks, {} stages, {} microbatches of {} samples, {} threads per rank\n", comm->size(),
