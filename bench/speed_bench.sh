@@ -7,7 +7,8 @@
 #     scheduled by this machine's measured costs (`piper-run --profile` first, then `--machine`, as
 #     docs/scheduler.md says to: unit costs misplace ZB1P's weight passes). Rounds alternate the
 #     strategies so that drift of the machine hits all alike; each figure is the median over rounds of
-#     each run's median step after warm-up.
+#     each run's median step after warm-up. Also 1F1B with the MPI progress thread kept at normal
+#     priority (PIPER_PROGRESS_IDLE=0) against the default (SCHED_IDLE while only receives wait).
 #  2. the zero-bubble split: BI + BW against B on the model's 8 blocks in one process (one thread,
 #     piper-bench-split), and per stage from the pipelines' traces (noisier: two ranks share the cores).
 #  3. the compute streams' idle fraction under 1F1B against the formula (p-1)/(m+p-1);
@@ -43,6 +44,8 @@ for r in $(seq 1 "$rounds"); do
   run interleaved 2 interleaved_1f1b.piper "$r" pp=2 v=2 mb=8
   run zb1p 2 zb1p.piper "$r" pp=2 mb=8
   run dualpipev 2 dualpipev.piper "$r" pp=2 mb=8
+  PIPER_PROGRESS_IDLE=0 mpirun -x PIPER_PROGRESS_IDLE -np 2 "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/1f1b.piper" \
+    --set pp=2 --set mb=8 "${common[@]}" --machine "$tmp/machine.json" --metrics "$tmp/1f1b_busy.$r.jsonl" >/dev/null
   one=(--set mb=8 "${common[@]}" --threads 1)
   "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/single.piper" "${one[@]}" --metrics "$tmp/alone.$r.jsonl" >/dev/null
   "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/single.piper" "${one[@]}" --metrics "$tmp/pair_a.$r.jsonl" >/dev/null &

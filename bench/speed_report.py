@@ -42,6 +42,9 @@ for name, label in [("single", "one rank, 8 microbatches"), ("1f1b", "1F1B pp=2 
     rows[name] = t
     print(f"   {label:28s} {t:8.0f}  ({', '.join(f'{x:.0f}' for x in per)})  {t / base:5.2f}x one rank")
 print(f"   ZB1P / 1F1B {rows['zb1p'] / rows['1f1b']:.3f}x   DualPipeV / 1F1B {rows['dualpipev'] / rows['1f1b']:.3f}x")
+busy, per = tokens_per_s("1f1b_busy")
+print(f"   1F1B with the progress thread never idle-priority (PIPER_PROGRESS_IDLE=0): {busy:.0f}  "
+      f"({', '.join(f'{x:.0f}' for x in per)});  SCHED_IDLE while only receives wait: {rows['1f1b'] / busy:.3f}x")
 
 print("2. the split backward")
 print("   in one process: " + open(f"{tmp}/split.txt").read().strip())

@@ -2,9 +2,14 @@
 
 #include <fmt/format.h>
 #include <mpi.h>
+#include <sched.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -33,10 +38,14 @@ void check(int rc, const char* what) {
 // Each test also drives MPI's progress (rendezvous handshakes, a nonblocking collective's rounds),
 // so the cap bounds the latency a round can add. One poller, not one per waiting stream: measured
 // on 1F1B pp=2 (2 cores), each stream polling on its own with a 20 us cap ran at 1.8k tokens/s,
-// with 200 us at 6-7k, with 1 ms at 8.4k.
+// with 200 us at 6-7k, with 1 ms at 8.4k. Each poll that lands while the rank computes preempts its
+// compute thread (1F1B: ~250 preemptions a step); while only receives are outstanding the thread
+// therefore runs as SCHED_IDLE (set_idle), polling on cores that would idle anyway.
 class Progress {
  public:
-  Progress() : thread_([this] { loop(); }) {}
+  // `allow_idle`: this node has a core for each of its ranks. Oversubscribed, a waiting rank's core
+  // is rarely free, and a SCHED_IDLE poller would leave its receive untested for long.
+  explicit Progress(bool allow_idle) : allow_idle_(allow_idle), thread_([this] { loop(); }) {}
   ~Progress() {
     {
       std::lock_guard lk(mu_);
@@ -46,13 +55,17 @@ class Progress {
     thread_.join();
   }
   // Waits until `req` completes (its status into *st unless null); an MPI error throws, naming `what`.
-  void wait(MPI_Request req, MPI_Status* st, const char* what) {
+  // `receive`: the request completes by its peer's doing (data arriving), so testing it needs a
+  // core only when one is free (see the loop).
+  void wait(MPI_Request req, MPI_Status* st, const char* what, bool receive = false) {
     int done = 0;
     MPI_Status status;
     check(MPI_Test(&req, &done, &status), what);  // a small message may be done already
     if (!done) {
       Pending p{req};
+      p.receive = receive;
       std::unique_lock lk(mu_);
+      if (!receive) set_idle(false);  // at once: the thread may sleep as SCHED_IDLE on a busy core
       pending_.push_back(&p);
       ++posted_;
       work_.notify_one();
@@ -69,11 +82,41 @@ class Progress {
     MPI_Status status{};
     int rc = MPI_SUCCESS;
     bool finished = false;
+    bool receive = false;
   };
+  // While only receives are outstanding the thread runs as SCHED_IDLE: it tests them whenever the
+  // core would otherwise idle (a stream waiting for one of them leaves it idle) and never preempts
+  // compute to do so. A send or a collective needs this rank's CPU to advance (its rounds, the
+  // rendezvous' end): normal priority again.
+  void set_idle(bool idle) {  // under mu_
+    if (idle == idle_ || !can_idle_ || tid_ == 0) return;
+    sched_param none{};
+    if (sched_setscheduler(tid_, idle ? SCHED_IDLE : SCHED_OTHER, &none) == 0) idle_ = idle;
+    else can_idle_ = false;  // (back to normal cannot fail: it is only tried once idle worked)
+  }
+  // Leaving SCHED_IDLE needs RLIMIT_NICE >= 20 or CAP_SYS_NICE (root has it; users often not):
+  // tried on a throwaway thread, since a thread that cannot leave it would starve collectives.
+  static bool idle_is_reversible() {
+    bool ok = false;
+    std::thread([&] {
+      sched_param none{};
+      ok = sched_setscheduler(0, SCHED_IDLE, &none) == 0 && sched_setscheduler(0, SCHED_OTHER, &none) == 0;
+    }).join();
+    return ok;
+  }
+  bool idle_ = false, can_idle_ = true;
+  bool allow_idle_ = true;
+  pid_t tid_ = 0;  // the progress thread's
   static constexpr long kMinSleepNs = 2'000, kMaxSleepNs = 1'000'000;
 
   void loop() {
     prctl(PR_SET_TIMERSLACK, 1000UL);  // ns; the default 50 us would stretch the short sleeps
+    {
+      std::lock_guard lk(mu_);
+      tid_ = static_cast<pid_t>(syscall(SYS_gettid));
+      const char* off = std::getenv("PIPER_PROGRESS_IDLE");  // "0": never idle (to measure the difference)
+      can_idle_ = allow_idle_ && !(off && std::string(off) == "0") && idle_is_reversible();
+    }
     long sleep = kMinSleepNs;
     std::unique_lock lk(mu_);
     for (;;) {
@@ -97,6 +140,7 @@ class Progress {
         sleep = kMinSleepNs;
       }
       if (pending_.empty()) continue;
+      set_idle(std::all_of(pending_.begin(), pending_.end(), [](const Pending* p) { return p->receive; }));
       const uint64_t seen = posted_;
       if (work_.wait_for(lk, std::chrono::nanoseconds(sleep), [&] { return stop_ || posted_ != seen; })) sleep = kMinSleepNs;
       else sleep = std::min(2 * sleep, kMaxSleepNs);
@@ -112,6 +156,17 @@ class Progress {
 };
 
 class MpiCommunicator : public Communicator {
+  // The ranks on this node (MPI's shared-memory split) against its cores.
+  static bool one_core_per_rank() {
+    MPI_Comm node;
+    int local = 1;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+      MPI_Comm_size(node, &local);
+      MPI_Comm_free(&node);
+    }
+    return static_cast<unsigned>(local) <= std::thread::hardware_concurrency();
+  }
+
  public:
   MpiCommunicator() {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
@@ -143,7 +198,7 @@ class MpiCommunicator : public Communicator {
     MPI_Status st;
     MPI_Request req;
     check(MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, p2p_, &req), "Irecv");
-    progress_.wait(req, &st, "Recv");
+    progress_.wait(req, &st, "Recv", /*receive=*/true);
     int got = 0;
     MPI_Get_count(&st, MPI_BYTE, &got);
     if (static_cast<size_t>(got) != bytes)
@@ -244,7 +299,7 @@ class MpiCommunicator : public Communicator {
   }
   int rank_ = 0, size_ = 1;
   MPI_Comm p2p_;
-  Progress progress_;
+  Progress progress_{one_core_per_rank()};
   std::map<std::pair<std::vector<int>, int>, MPI_Comm> groups_;  // written before threads start
 };
 
