@@ -32,15 +32,18 @@ def op_times(name):
     return {k: statistics.median(v) for k, v in d.items()}
 
 
-print("1. tokens/s (median over rounds; the rounds in brackets)")
+print("1. tokens/s (median over rounds; the rounds in brackets); against one rank as piper-run starts it (its"
+      " threads: the node's cores) and against one rank on one core (--threads 1, as each pipeline rank runs)")
 base, _ = tokens_per_s("single")
+core, _ = tokens_per_s("alone")
 rows = {}
 for name, label in [("single", "one rank, 8 microbatches"), ("1f1b", "1F1B pp=2 mb=8"), ("gpipe", "GPipe pp=2 mb=8"),
                     ("interleaved", "interleaved v=2 pp=2 mb=8"), ("zb1p", "ZB1P pp=2 mb=8"),
                     ("dualpipev", "DualPipeV pp=2 mb=8")]:
     t, per = tokens_per_s(name)
     rows[name] = t
-    print(f"   {label:28s} {t:8.0f}  ({', '.join(f'{x:.0f}' for x in per)})  {t / base:5.2f}x one rank")
+    print(f"   {label:28s} {t:8.0f}  ({', '.join(f'{x:.0f}' for x in per)})  {t / base:5.2f}x one rank  "
+          f"{t / core:5.2f}x one core")
 print(f"   ZB1P / 1F1B {rows['zb1p'] / rows['1f1b']:.3f}x   DualPipeV / 1F1B {rows['dualpipev'] / rows['1f1b']:.3f}x")
 busy, per = tokens_per_s("1f1b_busy")
 print(f"   1F1B with the progress thread never idle-priority (PIPER_PROGRESS_IDLE=0): {busy:.0f}  "
