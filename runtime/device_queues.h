@@ -45,8 +45,6 @@ class DeviceQueues {
   // reads or writes device memory on its own streams).
   void synchronize_current();
 
-  const DeviceStreamPlan& plan() const { return plan_; }
-
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

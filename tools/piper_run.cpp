@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--comm", comm_backend, "collectives and messages over mpi, or nccl (through the rank's GPU; "
-                 "tensors stay on the CPU)")
+                 "tensors stay on the CPU unless --device cuda)")
       ->check(CLI::IsMember({"mpi", "nccl"}))
       ->capture_default_str();
   app.add_option("--device", device, "where tensors live: cpu, or cuda (the local rank's GPU; needs a LibTorch with "
