@@ -2,6 +2,8 @@
 // plan it writes (which must check to the same prediction).
 #include "scheduler/tune.h"
 
+#include <algorithm>
+
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -56,15 +58,17 @@ TEST_CASE("piper-tune on unit costs finds the known optimum: ZB1P's split backwa
   for (size_t i = 0; i < r.ranked.size(); ++i) CHECK(again.ranked[i].label() == r.ranked[i].label());
 }
 
-TEST_CASE("piper-tune under a memory budget: 1F1B's bounded activations win when ZB1P and GPipe do not fit") {
+TEST_CASE("piper-tune under a memory budget: 1F1B's fewest activations win when ZB1P and GPipe do not fit") {
   Planner f("gpt8");
   const TuneResult all = tune(f.manifest, toy(2));
   const Candidate* m4 = find(all.ranked, "1f1b pp=2 mb=4");
   const Candidate* m2 = find(all.ranked, "1f1b pp=2 mb=2");
-  REQUIRE((m4 && m2));
+  const Candidate* z4 = find(all.ranked, "zb1p pp=2 mb=4");
+  REQUIRE((m4 && m2 && z4));
   REQUIRE(m4->peak_bytes < m2->peak_bytes);  // 1F1B: smaller microbatches, less in flight
+  REQUIRE(m4->peak_bytes < z4->peak_bytes);  // ZB1P: bounded too, but its weight halves lag
   TuneOptions o = toy(2);
-  o.memory_budget = double(m4->peak_bytes + m2->peak_bytes) / 2;
+  o.memory_budget = double(m4->peak_bytes + std::min(m2->peak_bytes, z4->peak_bytes)) / 2;
   const TuneResult r = tune(f.manifest, o);
   REQUIRE(!r.ranked.empty());
   CHECK(r.ranked.front().label() == "1f1b pp=2 mb=4");  // the fastest of what fits
