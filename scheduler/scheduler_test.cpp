@@ -65,12 +65,19 @@ TEST_CASE("GPipe: the same bubble fraction (p-1)/(m+p-1)") {
   }
 }
 
-TEST_CASE("ZB1P: bubble (PP-1)(F+B-2W)") {
+TEST_CASE("ZB1P: bubble (PP-1)(F+B-2W), with the weight gradients' lag bounded or not") {
   for (int p : {4, 8, 16}) {
     CAPTURE(p);
     Planner f("gpt32");
-    auto pl = plan(f, "use \"zb1p.piper\";\n", {fmt::format("pp={}", p), fmt::format("mb={}", 2 * p)});
+    const std::vector<std::string> sets{fmt::format("pp={}", p), fmt::format("mb={}", 2 * p)};
+    auto pl = plan(f, "use \"zb1p.piper\";\n", sets);
     CHECK(bubble(pl).first == doctest::Approx((p - 1) * (1 + 2 - 2 * 1)));
+    // Unbounded, the last stage defers its weight gradients to the drain and holds every
+    // microbatch's activations; bounded (the default), the same bubble at a lower peak.
+    auto unbounded = plan(f, "use \"zb1p.piper\";\n", {sets[0], sets[1], "bounded=false"});
+    CHECK(bubble(unbounded).first == doctest::Approx((p - 1) * (1 + 2 - 2 * 1)));
+    auto act = [&](const Plan& x) { return x.memory[size_t(p - 1)].at_peak[static_cast<size_t>(MemCategory::Activations)]; };
+    CHECK(double(act(unbounded)) > 1.4 * double(act(pl)));
   }
 }
 
