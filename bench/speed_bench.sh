@@ -9,8 +9,9 @@
 #     strategies so that drift of the machine hits all alike; each figure is the median over rounds of
 #     each run's median step after warm-up. Also 1F1B with the MPI progress thread kept at normal
 #     priority (PIPER_PROGRESS_IDLE=0) against the default (SCHED_IDLE while only receives wait).
-#  2. the zero-bubble split: BI + BW against B on the model's 8 blocks in one process (one thread,
-#     piper-bench-split), and per stage from the pipelines' traces (noisier: two ranks share the cores).
+#  2. the zero-bubble split: BI + BW against B in one process (one thread, piper-bench-split) on the
+#     model's 8 blocks and on ZB1P's last stage (layers 4-7 and the head, from the loss), and per
+#     stage from the pipelines' traces (there BW runs later than its BI, beside the other rank's work).
 #  3. the compute streams' idle fraction under 1F1B against the formula (p-1)/(m+p-1);
 #  4. what the machine allows: two independent one-rank jobs (1 thread each) at once against one
 #     alone. Two ranks can go no faster than this, times 1 - bubble;
@@ -57,5 +58,8 @@ done
 mpirun -np 4 --oversubscribe "$build/tools/piper-run" "$tmp/moe.pt" "$root/strategies/dualpipev_ep.piper" --set pp=2 \
   --set ep=2 --set mb=4 --data "$root/data/corpus.txt" --steps 8 --batch-size 16 --metrics "$tmp/ep.1.jsonl" \
   --trace "$tmp/ep.trace.json" >/dev/null
-"$build/bench/piper-bench-split" "$tmp/m.pt" 1 8 2 15 >"$tmp/split.txt"
+{
+  "$build/bench/piper-bench-split" "$tmp/m.pt" 1 8 2 15
+  "$build/bench/piper-bench-split" "$tmp/m.pt" 5 9 2 15
+} >"$tmp/split.txt"
 /usr/bin/python3 "$root/bench/speed_report.py" "$tmp" "$rounds"

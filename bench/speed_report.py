@@ -50,7 +50,8 @@ print(f"   1F1B with the progress thread never idle-priority (PIPER_PROGRESS_IDL
       f"({', '.join(f'{x:.0f}' for x in per)});  SCHED_IDLE while only receives wait: {rows['1f1b'] / busy:.3f}x")
 
 print("2. the split backward")
-print("   in one process: " + open(f"{tmp}/split.txt").read().strip())
+for line in open(f"{tmp}/split.txt").read().strip().splitlines():
+    print("   in one process: " + line)
 print("   from the pipelines' traces (median op times, ms):")
 b, z = op_times("1f1b"), op_times("zb1p")
 for stage in sorted({k[0] for k in b}):

@@ -1,7 +1,8 @@
 // The zero-bubble split's cost, measured on a model's own regions in one process, one thread:
-// a stage of consecutive blocks (no loss, an input that needs its gradient, as on every stage
-// after the first) runs F then B, or F then BI then BW, alternately, many times; prints the median
-// times and (BI + BW) / B. Usage: piper-bench-split MODEL [FIRST LAST] [SAMPLES] [REPS]
+// a stage of consecutive regions after the embedding (an input that needs its gradient, as on
+// every stage after the first; ending with the head, the executor's loss) runs F then B, or F then
+// BI then BW, alternately, many times; prints the median times and (BI + BW) / B.
+// Usage: piper-bench-split MODEL [FIRST LAST] [SAMPLES] [REPS]
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -55,20 +56,31 @@ int main(int argc, char** argv) {
     torch::NoGradGuard no_grad;
     x = impl.modules[0].forward({tokens}).toTensor();
   }
-  const torch::Tensor gy = torch::randn_like(x);
+  // A stage that ends with the head starts its backward from the executor's loss; others from a
+  // gradient of their output's shape.
+  const bool head = last >= n - 1;
+  const torch::Tensor targets = torch::randint(impl.vocab, {samples, impl.seq_len}, torch::kLong);
+  LossFn loss;
+  if (head)
+    loss = [&targets](const torch::Tensor& logits) {
+      const torch::Tensor l = logits.to(torch::kFloat);
+      return at::cross_entropy_loss(l.reshape({-1, l.size(-1)}), targets.reshape({-1}));
+    };
+  torch::Tensor gy;
+  if (!head) gy = torch::randn_like(x);
   std::vector<double> b, bi, bw;
   for (int i = 0; i < reps + 3; ++i) {
     for (bool split : {false, true}) {
       PieceIO io;
       io.inputs = {x.detach().requires_grad_(true)};
-      run_forward(pm, io, true, {});
+      run_forward(pm, io, true, loss);
       double t0 = now();
       if (!split) {
-        run_backward(pm, io, piper::ir::Op::B, {gy}, {});
+        run_backward(pm, io, piper::ir::Op::B, {gy}, loss);
         if (i >= 3) b.push_back(now() - t0);
         continue;
       }
-      run_backward(pm, io, piper::ir::Op::BI, {gy}, {});
+      run_backward(pm, io, piper::ir::Op::BI, {gy}, loss);
       double t1 = now();
       run_backward(pm, io, piper::ir::Op::BW, {}, {});
       double t2 = now();
