@@ -12,7 +12,9 @@
 #  2. the zero-bubble split: BI + BW against B in one process (one thread, piper-bench-split) on the
 #     model's 8 blocks and on ZB1P's last stage (layers 4-7 and the head, from the loss), and per
 #     stage from the pipelines' traces (there BW runs later than its BI, beside the other rank's work).
-#  3. the compute streams' idle fraction under 1F1B against the formula (p-1)/(m+p-1);
+#  3. the compute streams' idle fraction of every pipeline, from its trace, beside the simulator's
+#     for the same plan and machine file (and 1F1B's formula, (p-1)/(m+p-1)): whether each schedule
+#     fills the bubbles it promises, a ratio within one run that the machine's drift does not move;
 #  4. what the machine allows: two independent one-rank jobs (1 thread each) at once against one
 #     alone. Two ranks can go no faster than this, times 1 - bubble;
 #  5. data parallelism dp=2 with 1 MiB buckets (the model's 6.5 MB of gradients in 7 buckets): the
@@ -38,6 +40,12 @@ run() {  # name np strategy sets...
 "$build/tools/piper-model" moe --layers 4 --d-model 128 --ffn 256 --seq 64 -o "$tmp/moe.pt" >/dev/null
 mpirun -np 2 "$build/tools/piper-run" "$tmp/m.pt" --profile "$tmp/machine.json" >/dev/null
 printf 'mesh dp = 2;\nreplicate * over dp bucket 1MiB on stream comm;\n' >"$tmp/dp_1mib.piper"
+for p in "1f1b 1f1b.piper" "gpipe gpipe.piper" "interleaved interleaved_1f1b.piper v=2" "zb1p zb1p.piper" \
+  "dualpipev dualpipev.piper"; do
+  read -r name file extra <<<"$p"
+  "$build/tools/piper-check" "$tmp/m.pt" "$root/strategies/$file" --set pp=2 --set mb=8 ${extra:+--set $extra} \
+    --batch-size 16 --machine "$tmp/machine.json" --emit sim-json >"$tmp/$name.sim.json"
+done
 for r in $(seq 1 "$rounds"); do
   run single 1 single.piper "$r" mb=8
   run 1f1b 2 1f1b.piper "$r" pp=2 mb=8

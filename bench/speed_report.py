@@ -60,18 +60,43 @@ for stage in sorted({k[0] for k in b}):
         print(f"   stage {stage}: B {b[(stage, 'B')]:.1f}   BI {bi:.1f} + BW {bw:.1f} = {bi + bw:.1f}   "
               f"{(bi + bw) / b[(stage, 'B')]:.3f}x B")
 
-print("3. 1F1B pp=2 mb=8: idle fraction of the compute streams")
-ev = spans("1f1b")
-fracs = []
-for rank in sorted({e["pid"] for e in ev}):
-    for step in sorted({e["args"]["step"] for e in ev}):
-        ops = [e for e in ev if e["pid"] == rank and e["args"]["step"] == step]
-        comp = [e for e in ops if e["tid"] == "compute"]
-        if comp:
-            span = max(e["ts"] + e["dur"] for e in ops) - min(e["ts"] for e in ops)
-            fracs.append(1 - sum(e["dur"] for e in comp) / span)
+print("3. idle fraction of the compute streams (mean over ranks; measured: median step of the last round's trace)")
+
+
+def union(iv):  # total length of the union of intervals
+    total, end = 0.0, float("-inf")
+    for s0, e0 in sorted(iv):
+        if e0 > end:
+            total += e0 - max(s0, end)
+            end = e0
+    return total
+
+
+def idle_measured(name):
+    ev = spans(name)
+    per_rank = []
+    for rank in sorted({e["pid"] for e in ev}):
+        fr = []
+        for step in sorted({e["args"]["step"] for e in ev}):
+            ops = [e for e in ev if e["pid"] == rank and e["args"]["step"] == step]
+            comp = [(e["ts"], e["ts"] + e["dur"]) for e in ops if e["tid"] == "compute"]
+            if comp:
+                span = max(e["ts"] + e["dur"] for e in ops) - min(e["ts"] for e in ops)
+                fr.append(1 - union(comp) / span)
+        per_rank.append(statistics.median(fr))
+    return statistics.mean(per_rank)
+
+
+def idle_simulated(name):
+    ranks = json.load(open(f"{tmp}/{name}.sim.json"))["ranks"]
+    return statistics.mean(r["idle"] / (r["busy"] + r["idle"]) for r in ranks)
+
+
+for name, label in [("1f1b", "1F1B"), ("gpipe", "GPipe"), ("interleaved", "interleaved v=2"), ("zb1p", "ZB1P"),
+                    ("dualpipev", "DualPipeV")]:
+    print(f"   {label:16s} measured {idle_measured(name):.3f}   simulated {idle_simulated(name):.3f}")
 p, m = 2, 8
-print(f"   measured {statistics.median(fracs):.3f}, formula (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.3f}")
+print(f"   (1F1B's formula (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.3f})")
 
 print("4. the machine: two independent one-rank jobs at once")
 alone, _ = tokens_per_s("alone")
