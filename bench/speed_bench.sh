@@ -20,7 +20,9 @@
 #  5. data parallelism dp=2 with 1 MiB buckets (the model's 6.5 MB of gradients in 7 buckets): the
 #     fraction of all-reduce time that overlaps compute on the same rank, from the trace;
 #  6. DualPipeV x EP (pp=2 x ep=2, 4 ranks on this node's cores, a MoE of 8 experts top-2): the
-#     fraction of all-to-all time that overlaps compute on the same rank, and the expert exchange.
+#     fraction of all-to-all time that overlaps compute on the same rank; on the small MoE at
+#     DualPipeV's fewest microbatches (2*pp: no steady state), and on one with more compute per
+#     token (d256, ffn 1024, seq 128) at mb=16 (batch 32), where the schedule's overlapped pairs make up most of the step.
 # Usage: bench/speed_bench.sh [BUILD_DIR] [ROUNDS]
 source "$(dirname "$0")/speed_setup.sh"
 common=(--data "$root/data/corpus.txt" --steps 12 --batch-size 16)
@@ -38,6 +40,7 @@ run() {  # name np strategy sets...
   fi
 }
 "$build/tools/piper-model" moe --layers 4 --d-model 128 --ffn 256 --seq 64 -o "$tmp/moe.pt" >/dev/null
+"$build/tools/piper-model" moe --layers 4 --d-model 256 --ffn 1024 --seq 128 -o "$tmp/moe_big.pt" >/dev/null
 mpirun -np 2 "$build/tools/piper-run" "$tmp/m.pt" --profile "$tmp/machine.json" >/dev/null
 printf 'mesh dp = 2;\nreplicate * over dp bucket 1MiB on stream comm;\n' >"$tmp/dp_1mib.piper"
 for p in "1f1b 1f1b.piper" "gpipe gpipe.piper" "interleaved interleaved_1f1b.piper v=2" "zb1p zb1p.piper" \
@@ -66,6 +69,9 @@ done
 mpirun -np 4 --oversubscribe "$build/tools/piper-run" "$tmp/moe.pt" "$root/strategies/dualpipev_ep.piper" --set pp=2 \
   --set ep=2 --set mb=4 --data "$root/data/corpus.txt" --steps 8 --batch-size 16 --metrics "$tmp/ep.1.jsonl" \
   --trace "$tmp/ep.trace.json" >/dev/null
+mpirun -np 4 --oversubscribe "$build/tools/piper-run" "$tmp/moe_big.pt" "$root/strategies/dualpipev_ep.piper" --set pp=2 \
+  --set ep=2 --set mb=16 --data "$root/data/corpus.txt" --steps 8 --batch-size 32 --metrics "$tmp/ep_big.1.jsonl" \
+  --trace "$tmp/ep_big.trace.json" >/dev/null
 {
   "$build/bench/piper-bench-split" "$tmp/m.pt" 1 8 2 15
   "$build/bench/piper-bench-split" "$tmp/m.pt" 5 9 2 15

@@ -44,7 +44,10 @@ for name, label in [("single", "one rank, 8 microbatches"), ("1f1b", "1F1B pp=2 
     rows[name] = t
     print(f"   {label:28s} {t:8.0f}  ({', '.join(f'{x:.0f}' for x in per)})  {t / base:5.2f}x one rank  "
           f"{t / core:5.2f}x one core")
-print(f"   ZB1P / 1F1B {rows['zb1p'] / rows['1f1b']:.3f}x   DualPipeV / 1F1B {rows['dualpipev'] / rows['1f1b']:.3f}x")
+paired = {n: [a / b for a, b in zip(tokens_per_s(n)[1], tokens_per_s("1f1b")[1])] for n in ("zb1p", "dualpipev")}
+print(f"   ZB1P / 1F1B {rows['zb1p'] / rows['1f1b']:.3f}x   DualPipeV / 1F1B {rows['dualpipev'] / rows['1f1b']:.3f}x   "
+      f"(round by round, the median: {statistics.median(paired['zb1p']):.3f}x and "
+      f"{statistics.median(paired['dualpipev']):.3f}x; the machine drifts between rounds, less within one)")
 busy, per = tokens_per_s("1f1b_busy")
 print(f"   1F1B with the progress thread never idle-priority (PIPER_PROGRESS_IDLE=0): {busy:.0f}  "
       f"({', '.join(f'{x:.0f}' for x in per)});  SCHED_IDLE while only receives wait: {rows['1f1b'] / busy:.3f}x")
@@ -132,7 +135,9 @@ covered, total = hidden("dp", "ALLREDUCE")
 t, _ = tokens_per_s("dp")
 print(f"   {covered / max(total, 1e-9):.3f} of {total / 1e3:.1f} ms of all-reduce overlaps compute; {t:.0f} tokens/s")
 
-print("6. DualPipeV x EP pp=2 ep=2 (4 ranks): all-to-all time overlapping compute")
-covered, total = hidden("ep", "A2A")
-t, _ = tokens_per_s("ep", runs=1)  # one run: four ranks on two cores are slow
-print(f"   {covered / max(total, 1e-9):.3f} of {total / 1e3:.1f} ms of all-to-all overlaps compute; {t:.0f} tokens/s")
+print("6. DualPipeV x EP pp=2 ep=2 (4 ranks on this node's cores): all-to-all time overlapping compute")
+for name, label in [("ep", "MoE d128 ffn256 seq64, mb=4"), ("ep_big", "MoE d256 ffn1024 seq128, mb=16")]:
+    covered, total = hidden(name, "A2A")
+    t, _ = tokens_per_s(name, runs=1)  # one run: four ranks on two cores are slow
+    print(f"   {label:32s} {covered / max(total, 1e-9):.3f} of {total / 1e3:.1f} ms of all-to-all overlaps compute; "
+          f"{t:.0f} tokens/s")
