@@ -489,6 +489,7 @@ struct Executor::Impl {
     std::string failure = threads->run(s + 1, [this](NodeId v) { run(v); },
                                        [this](const std::string& msg) { comm.abort(msg); }, &res.ops);
     if (!failure.empty()) comm.abort(failure);
+    res.ops_began = std::chrono::duration<double>(threads->began().time_since_epoch()).count();
     if (queues) queues->synchronize();  // the step ends when its kernels have, not its launches
 
     // The loss lives on the last stage's ranks: sum it over everyone, average over replicas.

@@ -33,6 +33,7 @@ struct StepResult {
   double loss = 0;     // mean over the global batch (the same number on every rank)
   double seconds = 0;
   std::vector<OpSpan> ops;
+  double ops_began = 0;  // steady-clock seconds at which `ops`' times start (this rank's clock)
   MemoryStats memory;  // this rank's tensor storage during the step (when the memory counter is installed)
 };
 

@@ -20,7 +20,7 @@ namespace piper::runtime {
 
 struct OpSpan {  // what ran, for the trace
   std::string token, stream;
-  double start = 0, end = 0;  // seconds since the step began
+  double start = 0, end = 0;  // seconds since the step's ops began (StreamThreads::began)
   int64_t live_bytes = 0;     // this rank's tensor memory when the op ended (with the memory counter)
 };
 
@@ -47,6 +47,8 @@ class StreamThreads {
   // Every stream runs its ops in the program's order, overlap windows included: on a device, where
   // a thread only launches work, events name ops by their planned place (runtime/device_queues.h).
   void set_in_order(bool in_order) { in_order_ = in_order; }
+  // When the last run() began: the origin of its spans' times.
+  std::chrono::steady_clock::time_point began() const { return t0_; }
 
  private:
   void loop(size_t stream);

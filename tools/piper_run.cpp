@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <functional>
+#include <limits>
 #include <cstdlib>
 #include <optional>
 #include <fstream>
@@ -33,11 +36,41 @@ int64_t peak_rss_bytes() {
 }
 
 // Rank 0 collects every rank's spans into one Perfetto/Chrome trace: a process per rank, a thread
-// per stream.
+// per stream, on one time axis. Each rank times its ops on its own steady clock. Ranks on one host
+// share that clock (CLOCK_MONOTONIC), so their times are used as they are. Across hosts, every rank
+// reads its clock after a barrier, an instant common to all to within the barrier's exit skew (the
+// MPI progress thread's sleep: up to a millisecond), and times are taken from there. Either way the
+// earliest op of any rank starts at 0.
 void write_trace(Communicator& comm, const std::vector<std::pair<int64_t, StepResult>>& steps, const std::string& path) {
+  const size_t world = static_cast<size_t>(comm.size()), me = static_cast<size_t>(comm.rank());
+  std::vector<int> everyone(world);
+  for (size_t r = 0; r < world; ++r) everyone[r] = static_cast<int>(r);
+  comm.prepare_group(everyone, 3);
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const size_t h = std::hash<std::string>{}(host);
+  // Per rank: its host (two exact halves), its clock after the barrier, its first op's start.
+  std::vector<double> facts(4 * world, 0.0);
+  double sync = 0;
+  comm.all_reduce_sum(&sync, 1, everyone, 3);
+  comm.all_reduce_sum(&sync, 1, everyone, 3);  // the second starts with the ranks together
+  const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  double first = now;
+  for (const auto& [step, r] : steps) first = std::min(first, r.ops_began);
+  facts[4 * me] = static_cast<double>(h >> 32);
+  facts[4 * me + 1] = static_cast<double>(h & 0xffffffffu);
+  facts[4 * me + 2] = now;
+  facts[4 * me + 3] = first;
+  comm.all_reduce_sum(facts.data(), facts.size(), everyone, 3);
+  bool one_host = true;
+  for (size_t r = 1; r < world; ++r) one_host &= facts[4 * r] == facts[0] && facts[4 * r + 1] == facts[1];
+  double shift = 0;  // added to this rank's clock: the common axis
+  if (!one_host) shift = facts[2] - now;  // rank 0's reading of the barrier's instant
+  double origin = std::numeric_limits<double>::infinity();
+  for (size_t r = 0; r < world; ++r) origin = std::min(origin, facts[4 * r + 3] + (one_host ? 0 : facts[2] - facts[4 * r + 2]));
   nlohmann::json events = nlohmann::json::array();
-  double offset = 0;
   for (const auto& [step, r] : steps) {
+    const double offset = r.ops_began + shift - origin;
     for (const auto& op : r.ops) {
       events.push_back({{"name", op.token}, {"ph", "X"}, {"pid", comm.rank()}, {"tid", op.stream},
                         {"ts", (offset + op.start) * 1e6}, {"dur", (op.end - op.start) * 1e6}, {"args", {{"step", step + 1}}}});
@@ -45,7 +78,6 @@ void write_trace(Communicator& comm, const std::vector<std::pair<int64_t, StepRe
       events.push_back({{"name", "tensor memory"}, {"ph", "C"}, {"pid", comm.rank()}, {"ts", (offset + op.end) * 1e6},
                         {"args", {{"MiB", double(op.live_bytes) / (1 << 20)}}}});
     }
-    offset += r.seconds;
   }
   std::string mine = events.dump();
   const int kLenTag = 1 << 30, kDataTag = (1 << 30) + 1;
