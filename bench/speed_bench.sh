@@ -22,7 +22,8 @@
 #  6. DualPipeV x EP (pp=2 x ep=2, 4 ranks on this node's cores, a MoE of 8 experts top-2): the
 #     fraction of all-to-all time that overlaps compute on the same rank; on the small MoE at
 #     DualPipeV's fewest microbatches (2*pp: no steady state), and on one with more compute per
-#     token (d256, ffn 1024, seq 128) at mb=16 (batch 32), where the schedule's overlapped pairs make up most of the step.
+#     token (d256, ffn 1024, seq 128) at mb=16 (batch 32), where the schedule's overlapped pairs
+#     make up most of the step.
 # Usage: bench/speed_bench.sh [BUILD_DIR] [ROUNDS]
 source "$(dirname "$0")/speed_setup.sh"
 common=(--data "$root/data/corpus.txt" --steps 12 --batch-size 16)

@@ -17,7 +17,7 @@ assert {e["pid"] for e in ops} == {0, 1}, "a process per rank"
 assert {"compute", "p2p_send", "p2p_recv"} <= {e["tid"] for e in ops}, {e["tid"] for e in ops}
 assert min(e["ts"] for e in ops) >= 0
 at = {(e["args"]["step"], e["name"]): e for e in ops}
-slack = 200  # microseconds: ranks agree on "now" to within a barrier's exit skew
+slack = 200  # microseconds: one host shares one clock; this only absorbs rounding and recording order
 pairs = 0
 for (step, name), recv in at.items():
     m = re.fullmatch(r"(\d+)RECV_(F|B)(\d+)", name)
@@ -31,7 +31,7 @@ for (step, name), recv in at.items():
     for op in ("F",) if kind == "F" else ("B", "BI"):
         user = at.get((step, f"{s}{op}{i}"))
         if user:
-            assert user["ts"] >= send["ts"] - slack, (step, user["name"], "starts before its input was sent")
+            assert user["ts"] >= recv_end - slack, (step, user["name"], "starts before its input arrived")
     pairs += 1
 assert pairs >= 3 * 2 * 4, pairs  # every step's handoffs, both directions
 PY

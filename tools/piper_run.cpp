@@ -8,11 +8,11 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <limits>
-#include <cstdlib>
 #include <optional>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
