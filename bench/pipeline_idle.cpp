@@ -8,7 +8,7 @@
 #include <map>
 #include <thread>
 
-#include "runtime/executor.h"
+#include "runtime/exec/executor.h"
 
 using namespace piper;
 using namespace piper::runtime;

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/chunk_runner.h"
-#include "runtime/process_env.h"
-#include "runtime/region_model.h"
-#include "runtime/region_model_impl.h"
+#include "runtime/exec/chunk_runner.h"
+#include "runtime/job/process_env.h"
+#include "runtime/model/region_model.h"
+#include "runtime/model/region_model_impl.h"
 
 using namespace piper::runtime;
 

@@ -3,7 +3,7 @@ grammar Piper;
 
 file        : stmt* EOF ;
 
-stmt        : 'param' NAME '=' expr ';'                                   # paramStmt
+stmt        : 'param' NAME '=' expr ('in' domain)? ';'                    # paramStmt
             | 'let' NAME '=' expr ';'                                     # letStmt
             | 'mesh' (axisDef (',' axisDef)*)? ';'                        # meshStmt
             | 'stream' NAME (',' NAME)* ';'                               # streamStmt
@@ -21,6 +21,10 @@ stmt        : 'param' NAME '=' expr ';'                                   # para
             | 'precision' NAME ('for' selectors)? ';'                     # precisionStmt
             ;
 
+// The values piper-tune searches for a parameter: a list, or a function of constants (divisors(world)).
+domain      : '{' expr (',' expr)* '}'                                    # domainList
+            | NAME '(' expr ')'                                           # domainCall
+            ;
 ifChain     : 'if' expr block ('else' (ifChain | block))? ;
 block       : '{' stmt* '}' ;
 axisDef     : NAME '=' expr ;

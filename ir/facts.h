@@ -93,6 +93,30 @@ struct TieFacts {
   std::vector<int64_t> coords;  // distinct pipeline coordinates of those stages, ascending
 };
 
+// The one storage layout: what one member of a stage's replication group holds of the stage's dense
+// parameters for the whole step. The executor allocates it (runtime/exec/stage_params), the memory
+// model prices it (scheduler/memory), checkpoints save what its optimizer steps. Made by the storage
+// pass from the replication; experts keep their own record (ExpertShard::owned).
+struct MemberStorage {
+  std::vector<Range> stepped;  // what this member's optimizer updates and keeps states for: the whole
+                               // layout (ZeRO 0), or its shard of each bucket (ZeRO-1/2) or unit (ZeRO-3)
+  int64_t param_elems = 0;     // fp32 parameter elements resident all step
+  int64_t grad_elems = 0;      // fp32 gradient elements resident all step
+  int64_t stepped_elems() const {
+    int64_t n = 0;
+    for (const Range& r : stepped) n += r.size();
+    return n;
+  }
+};
+
+struct StageStorage {
+  int zero = 0;               // the ZeRO stage in effect: 0 when the stage is not replicated
+  bool whole_params = true;   // ZeRO 0-2: every parameter resident, one flat buffer
+  bool whole_grads = true;    // ZeRO 0-1: every gradient resident, one flat buffer
+  bool bf16_copy = false;     // `precision bf16`: a bf16 copy of what is whole, for the modules
+  std::vector<MemberStorage> members;  // per member of the replication group (one when not replicated)
+};
+
 struct StageFacts {
   std::vector<RegionId> regions;  // the pipeline regions of the stage, in order
   int64_t coord = 0;              // on the pipeline axis
@@ -104,6 +128,7 @@ struct StageFacts {
   std::vector<ExpertShard> experts;
   std::vector<TiedSlot> tied;
   DType precision = DType::F32;   // compute precision (`precision bf16`)
+  StageStorage storage;           // what each replica member holds (the storage pass)
 };
 
 // Facts about the whole plan that every reader needs.

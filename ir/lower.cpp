@@ -18,7 +18,8 @@ struct Pass {
 
 // The order matters: split copies what build made; place needs every chunk to exist; p2p needs
 // ranks; replicate and shard rewire edges that p2p may already have split; tie follows replicate,
-// whose reductions it waits for; order needs the final pieces of every task (and must see all
+// whose reductions it waits for; storage lays out what replication decided (it adds no nodes);
+// order needs the final pieces of every task (and must see all
 // communication to find cycles through it); recompute only marks forwards, so it can come last.
 const std::vector<Pass>& passes() {
   static const std::vector<Pass> table = {
@@ -33,6 +34,8 @@ const std::vector<Pass>& passes() {
        true},
       {{"shard", "expert parallelism: all-to-all dispatch and combine around sharded pieces; owners"}, shard_pass,
        true},
+      {{"storage", "what each replica member holds of each stage's parameters: whole, or its ZeRO shards"},
+       storage_pass, true},
       {{"order", "temporal edges, overlap groups and streams from `order`; cycles are errors"}, order_pass, true},
       {{"recompute", "mark forwards whose activations are recomputed"}, recompute_pass, true},
   };

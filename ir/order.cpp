@@ -27,6 +27,49 @@ Op op_for(TaskKind k, bool split) {
 std::string task_text(const Task& t) { return fmt::format("{}({}, {})", task_kind_name(t.kind), t.stage, t.microbatch); }
 }  // namespace
 
+namespace {
+// A cycle the orders made: located at the last order on it, with the others as notes.
+void report_cycle(LowerContext& c, const std::vector<const Directive*>& dirs, const std::vector<NodeId>& stuck) {
+  Graph& g = c.graph;
+  // Find one concrete cycle among the stuck nodes, then name the orders on it. Every stuck node
+  // has a stuck predecessor (that is why it is stuck), so walking predecessors must loop.
+  std::set<NodeId> stuck_set(stuck.begin(), stuck.end());
+  Graph::Adjacency adj = g.adjacency();
+  NodeId cur = stuck.front();
+  std::vector<int32_t> path;  // edges walked backwards
+  std::map<NodeId, size_t> seen;
+  while (!seen.count(cur)) {
+    seen[cur] = path.size();
+    int32_t prev_edge = -1;
+    for (int32_t k = adj.in_offsets[static_cast<size_t>(cur)]; k < adj.in_offsets[static_cast<size_t>(cur) + 1]; ++k) {
+      int32_t e = adj.in_edges[static_cast<size_t>(k)];
+      if (stuck_set.count(g.edges[static_cast<size_t>(e)].src)) { prev_edge = e; break; }
+    }
+    PIPER_INTERNAL_ASSERT(prev_edge >= 0, "a node left by the topological sort has no stuck predecessor");
+    path.push_back(prev_edge);
+    cur = g.edges[static_cast<size_t>(prev_edge)].src;
+  }
+  std::vector<int32_t> cycle(path.begin() + static_cast<long>(seen[cur]), path.end());
+  std::reverse(cycle.begin(), cycle.end());  // back into forward direction
+  std::vector<std::string> steps;
+  std::vector<int32_t> orders;
+  for (int32_t e : cycle) {
+    const Edge& edge = g.edges[static_cast<size_t>(e)];
+    steps.push_back(token(g.nodes[static_cast<size_t>(edge.src)]));
+    if (edge.kind == EdgeKind::Temporal && edge.label >= 0 &&
+        std::find(orders.begin(), orders.end(), edge.label) == orders.end())
+      orders.push_back(edge.label);
+  }
+  steps.push_back(token(g.nodes[static_cast<size_t>(g.edges[static_cast<size_t>(cycle.front())].src)]));
+  PIPER_INTERNAL_ASSERT(!orders.empty(), "a cycle made of data dependencies alone");
+  const Directive& culprit = *dirs[static_cast<size_t>(orders.back())];
+  auto& diag = c.diags.error(culprit.loc, fmt::format("this order creates a cycle: {}", fmt::join(steps, " -> ")));
+  for (const Note& n : culprit.used_from) diag.notes.push_back(n);
+  for (size_t i = 0; i + 1 < orders.size(); ++i) diag.note(dirs[static_cast<size_t>(orders[i])]->loc, "the cycle also uses this order");
+  if (orders.size() == 1) diag.note(SourceLoc{}, "the rest of the cycle is data dependencies (a forward precedes its backward, stage s precedes s+1)");
+}
+}  // namespace
+
 void order_pass(LowerContext& c) {
   Graph& g = c.graph;
   // The pieces of each task: (op, stage, microbatch) -> nodes in segment order.
@@ -94,42 +137,7 @@ void order_pass(LowerContext& c) {
   std::vector<NodeId> stuck;
   if (g.topological_order(&stuck)) return;
   c.failed = true;
-  // Find one concrete cycle among the stuck nodes, then name the orders on it. Every stuck node
-  // has a stuck predecessor (that is why it is stuck), so walking predecessors must loop.
-  std::set<NodeId> stuck_set(stuck.begin(), stuck.end());
-  Graph::Adjacency adj = g.adjacency();
-  NodeId cur = stuck.front();
-  std::vector<int32_t> path;  // edges walked backwards
-  std::map<NodeId, size_t> seen;
-  while (!seen.count(cur)) {
-    seen[cur] = path.size();
-    int32_t prev_edge = -1;
-    for (int32_t k = adj.in_offsets[static_cast<size_t>(cur)]; k < adj.in_offsets[static_cast<size_t>(cur) + 1]; ++k) {
-      int32_t e = adj.in_edges[static_cast<size_t>(k)];
-      if (stuck_set.count(g.edges[static_cast<size_t>(e)].src)) { prev_edge = e; break; }
-    }
-    PIPER_INTERNAL_ASSERT(prev_edge >= 0, "a node left by the topological sort has no stuck predecessor");
-    path.push_back(prev_edge);
-    cur = g.edges[static_cast<size_t>(prev_edge)].src;
-  }
-  std::vector<int32_t> cycle(path.begin() + static_cast<long>(seen[cur]), path.end());
-  std::reverse(cycle.begin(), cycle.end());  // back into forward direction
-  std::vector<std::string> steps;
-  std::vector<int32_t> orders;
-  for (int32_t e : cycle) {
-    const Edge& edge = g.edges[static_cast<size_t>(e)];
-    steps.push_back(token(g.nodes[static_cast<size_t>(edge.src)]));
-    if (edge.kind == EdgeKind::Temporal && edge.label >= 0 &&
-        std::find(orders.begin(), orders.end(), edge.label) == orders.end())
-      orders.push_back(edge.label);
-  }
-  steps.push_back(token(g.nodes[static_cast<size_t>(g.edges[static_cast<size_t>(cycle.front())].src)]));
-  PIPER_INTERNAL_ASSERT(!orders.empty(), "a cycle made of data dependencies alone");
-  const Directive& culprit = *dirs[static_cast<size_t>(orders.back())];
-  auto& diag = c.diags.error(culprit.loc, fmt::format("this order creates a cycle: {}", fmt::join(steps, " -> ")));
-  for (const Note& n : culprit.used_from) diag.notes.push_back(n);
-  for (size_t i = 0; i + 1 < orders.size(); ++i) diag.note(dirs[static_cast<size_t>(orders[i])]->loc, "the cycle also uses this order");
-  if (orders.size() == 1) diag.note(SourceLoc{}, "the rest of the cycle is data dependencies (a forward precedes its backward, stage s precedes s+1)");
+  report_cycle(c, dirs, stuck);
 }
 
 }  // namespace piper::ir

@@ -19,83 +19,56 @@ namespace piper::ir {
 
 namespace {
 bool overlaps(const Range& a, const Range& b) { return a.begin < b.end && b.begin < a.end; }
-}  // namespace
 
-void replicate_pass(LowerContext& c) {
-  Graph& g = c.graph;
-  int32_t grads = g.tensor("param_grads"), params = g.tensor("params");
-  const size_t stages = g.facts.stages.size();
-  std::vector<std::vector<NodeId>> chunks(stages);
-  std::vector<NodeId> update(stages, -1);
-  for (NodeId v = 0; v < NodeId(g.nodes.size()); ++v) {
-    const Node& n = g.nodes[v];
-    if (!is_chunk(n.op)) continue;
-    if (n.op == Op::U) update[static_cast<size_t>(n.stage)] = v;
-    else chunks[static_cast<size_t>(n.stage)].push_back(v);
+// One replicated stage's rewrite: its reductions, then (ZeRO-3) its gathers.
+class StageReplication {
+ public:
+  StageReplication(LowerContext& c, size_t s, const std::vector<NodeId>& chunks, NodeId update, int32_t grads, int32_t params)
+      : g_(c.graph), s_(s), rep_(g_.facts.stages[s].replication), chunks_(chunks), u_(update),
+        ranks_(g_.nodes[static_cast<size_t>(update)].ranks), chunk_(g_.nodes[static_cast<size_t>(update)].chunk),
+        grads_(grads), params_(params) {
+    const StageFacts& st = g_.facts.stages[s];
+    if (!st.dense.empty())
+      elem_ = dtype_bytes(c.manifest.regions[static_cast<size_t>(st.dense.front().region)].params[static_cast<size_t>(st.dense.front().index)].dtype);
+    // Producers of a bucket's gradients: the B (or BW, where split) pieces over its range. Indexed
+    // by microbatch: ZeRO-2/3 asks per bucket and microbatch, and a scan of the stage's pieces each
+    // time made this pass quadratic in microbatches.
+    for (NodeId v : chunks_)
+      if (const Node& n = g_.nodes[static_cast<size_t>(v)]; n.op == Op::B || n.op == Op::BW) backwards_[n.microbatch].push_back(v);
   }
-  for (size_t s = 0; s < stages; ++s) {
-    const StageFacts& st = g.facts.stages[s];
-    const Replication& rep = st.replication;
-    if (rep.axis < 0) continue;
-    const int64_t elem = st.dense.empty() ? 4 : dtype_bytes(c.manifest.regions[static_cast<size_t>(st.dense.front().region)].params[static_cast<size_t>(st.dense.front().index)].dtype);
-    const NodeId u = update[s];
-    const GroupId ranks = g.nodes[static_cast<size_t>(u)].ranks;
-    const int32_t chunk = g.nodes[static_cast<size_t>(u)].chunk;
-    auto collective = [&](Op op, Payload what, int32_t mb, int32_t k, int64_t bytes, uint8_t flags) {
-      return g.add(Node{.op = op, .payload = what, .flags = flags, .stream = rep.stream, .stage = int32_t(s),
-                        .microbatch = mb, .chunk = chunk, .bucket = k, .ranks = ranks, .axis = rep.axis, .bytes = bytes});
-    };
-    auto range_of = [&](NodeId v) { return g.segment_of(g.nodes[static_cast<size_t>(v)]).dense; };
-    // The gradients reach the update through the reductions now, not directly.
-    for (Edge& e : g.edges)
-      if (e.dst == u && e.kind == EdgeKind::Data && e.label == grads) e.kind = EdgeKind::Dead;
-    // Producers of a bucket's gradients: the B (or BW, where split) pieces over its range.
-    // Indexed by microbatch: ZeRO-2/3 asks per bucket and microbatch, and a scan of the stage's
-    // pieces each time made this pass quadratic in microbatches.
-    std::map<int32_t, std::vector<NodeId>> backwards;
-    for (NodeId v : chunks[s])
-      if (const Node& n = g.nodes[static_cast<size_t>(v)]; n.op == Op::B || n.op == Op::BW) backwards[n.microbatch].push_back(v);
-    auto producers = [&](const Range& b, int32_t mb) {
-      std::vector<NodeId> out;
-      auto take = [&](const std::vector<NodeId>& pieces) {
-        for (NodeId v : pieces)
-          if (overlaps(range_of(v), b)) out.push_back(v);
-      };
-      if (mb >= 0) {
-        if (auto it = backwards.find(mb); it != backwards.end()) take(it->second);
+
+  // The gradients reach the update through the reductions, not directly: per bucket an all-reduce
+  // (zero 0) or reduce-scatter (once, zero 1; per microbatch, zero 2/3), and (zero 1/2) an all-gather
+  // of the updated parameters.
+  void reduce_buckets() {
+    for (Edge& e : g_.edges)
+      if (e.dst == u_ && e.kind == EdgeKind::Data && e.label == grads_) e.kind = EdgeKind::Dead;
+    for (int32_t k = 0; k < int32_t(rep_.buckets.size()); ++k) {
+      const Range& b = rep_.buckets[static_cast<size_t>(k)];
+      const int64_t bytes = b.size() * elem_;
+      if (rep_.zero <= 1) {
+        NodeId red = collective(rep_.zero == 0 ? Op::AllReduce : Op::ReduceScatter, Payload::Grad, -1, k, bytes, kBackward);
+        for (NodeId v : producers(b, -1)) g_.connect(v, red, EdgeKind::Data, bytes, grads_);
+        g_.connect(red, u_, EdgeKind::Data, bytes, grads_);
       } else {
-        for (const auto& [m, pieces] : backwards) take(pieces);
-      }
-      if (mb < 0) std::sort(out.begin(), out.end());  // the scan's order: by node
-      return out;
-    };
-    for (int32_t k = 0; k < int32_t(rep.buckets.size()); ++k) {
-      const Range& b = rep.buckets[static_cast<size_t>(k)];
-      const int64_t bytes = b.size() * elem;
-      if (rep.zero <= 1) {
-        NodeId red = collective(rep.zero == 0 ? Op::AllReduce : Op::ReduceScatter, Payload::Grad, -1, k, bytes, kBackward);
-        for (NodeId v : producers(b, -1)) g.connect(v, red, EdgeKind::Data, bytes, grads);
-        g.connect(red, u, EdgeKind::Data, bytes, grads);
-      } else {
-        for (int32_t mb = 0; mb < int32_t(g.facts.microbatches); ++mb) {
+        for (int32_t mb = 0; mb < int32_t(g_.facts.microbatches); ++mb) {
           auto from = producers(b, mb);
           if (from.empty()) continue;
           NodeId red = collective(Op::ReduceScatter, Payload::Grad, mb, k, bytes, kBackward | kShardGrads);
-          for (NodeId v : from) g.connect(v, red, EdgeKind::Data, bytes, grads);
-          g.connect(red, u, EdgeKind::Data, bytes, grads);
+          for (NodeId v : from) g_.connect(v, red, EdgeKind::Data, bytes, grads_);
+          g_.connect(red, u_, EdgeKind::Data, bytes, grads_);
         }
       }
-      if (rep.zero == 1 || rep.zero == 2) {
-        NodeId gather = collective(Op::AllGather, Payload::Param, -1, k, bytes, 0);
-        g.connect(u, gather, EdgeKind::Data, bytes, params);
-      }
+      if (rep_.zero == 1 || rep_.zero == 2) g_.connect(u_, collective(Op::AllGather, Payload::Param, -1, k, bytes, 0), EdgeKind::Data, bytes, params_);
     }
-    if (rep.zero != 3) continue;
-    // ZeRO-3: per microbatch and direction, each unit gathered for the pieces that use it.
-    // Pieces by (microbatch, backward?) in the order they run: forward by segment, backward reversed.
+  }
+
+  // ZeRO-3: per microbatch and direction, each unit gathered for the pieces that use it. Pieces by
+  // (microbatch, backward?) in the order they run: forward by segment, backward reversed.
+  void gather_units() {
     std::map<std::pair<int32_t, bool>, std::map<int16_t, std::vector<NodeId>>> tasks;
-    for (NodeId v : chunks[s]) {
-      const Node& n = g.nodes[static_cast<size_t>(v)];
+    for (NodeId v : chunks_) {
+      const Node& n = g_.nodes[static_cast<size_t>(v)];
       tasks[{n.microbatch, n.op != Op::F}][n.segment].push_back(v);
     }
     for (auto& [key, pieces] : tasks) {
@@ -106,27 +79,79 @@ void replicate_pass(LowerContext& c) {
       for (size_t j = 0; j < order.size(); ++j) {
         const auto& users = pieces[order[j]];
         const Range piece = range_of(users.front());
-        for (int32_t k = 0; k < int32_t(rep.units.size()); ++k) {
-          const Range& unit = rep.units[static_cast<size_t>(k)];
+        for (int32_t k = 0; k < int32_t(rep_.units.size()); ++k) {
+          const Range& unit = rep_.units[static_cast<size_t>(k)];
           if (!overlaps(unit, piece)) continue;
-          const int64_t bytes = unit.size() * elem;
-          NodeId gather = collective(Op::AllGather, Payload::Param, key.first, k, bytes,
-                                     kMaterialize | (backward ? kBackward : 0));
+          const int64_t bytes = unit.size() * elem_;
+          NodeId gather = collective(Op::AllGather, Payload::Param, key.first, k, bytes, kMaterialize | (backward ? kBackward : 0));
           for (NodeId v : users) {
-            g.connect(gather, v, EdgeKind::Data, bytes, params);
-            g.nodes[static_cast<size_t>(v)].flags |= kFreeParams;
+            g_.connect(gather, v, EdgeKind::Data, bytes, params_);
+            g_.nodes[static_cast<size_t>(v)].flags |= kFreeParams;
           }
           // Prefetch p: gathered while the p pieces before its consumer run, so it waits for the
           // piece before those (temporal: no data flows); the first ones are issued just in time.
           // In a split backward only the input-gradient half (BI) runs in piece order: weight
           // halves (BW) may be deferred past every BI, so they pace nothing.
-          const size_t ahead = static_cast<size_t>(rep.prefetch) + 1;
+          const size_t ahead = static_cast<size_t>(rep_.prefetch) + 1;
           if (j >= ahead)
             for (NodeId v : pieces[order[j - ahead]])
-              if (g.nodes[static_cast<size_t>(v)].op != Op::BW) g.connect(v, gather, EdgeKind::Temporal, 0);
+              if (g_.nodes[static_cast<size_t>(v)].op != Op::BW) g_.connect(v, gather, EdgeKind::Temporal, 0);
         }
       }
     }
+  }
+
+ private:
+  NodeId collective(Op op, Payload what, int32_t mb, int32_t k, int64_t bytes, uint8_t flags) {
+    return g_.add(Node{.op = op, .payload = what, .flags = flags, .stream = rep_.stream, .stage = int32_t(s_), .microbatch = mb,
+                       .chunk = chunk_, .bucket = k, .ranks = ranks_, .axis = rep_.axis, .bytes = bytes});
+  }
+  Range range_of(NodeId v) const { return g_.segment_of(g_.nodes[static_cast<size_t>(v)]).dense; }
+  std::vector<NodeId> producers(const Range& b, int32_t mb) const {
+    std::vector<NodeId> out;
+    auto take = [&](const std::vector<NodeId>& pieces) {
+      for (NodeId v : pieces)
+        if (overlaps(range_of(v), b)) out.push_back(v);
+    };
+    if (mb >= 0) {
+      if (auto it = backwards_.find(mb); it != backwards_.end()) take(it->second);
+    } else {
+      for (const auto& [m, pieces] : backwards_) take(pieces);
+      std::sort(out.begin(), out.end());  // the scan's order: by node
+    }
+    return out;
+  }
+
+  Graph& g_;
+  const size_t s_;
+  const Replication& rep_;
+  const std::vector<NodeId>& chunks_;
+  const NodeId u_;
+  const GroupId ranks_;
+  const int32_t chunk_;
+  const int32_t grads_, params_;
+  int64_t elem_ = 4;
+  std::map<int32_t, std::vector<NodeId>> backwards_;
+};
+}  // namespace
+
+void replicate_pass(LowerContext& c) {
+  Graph& g = c.graph;
+  const int32_t grads = g.tensor("param_grads"), params = g.tensor("params");
+  const size_t stages = g.facts.stages.size();
+  std::vector<std::vector<NodeId>> chunks(stages);
+  std::vector<NodeId> update(stages, -1);
+  for (NodeId v = 0; v < NodeId(g.nodes.size()); ++v) {
+    const Node& n = g.nodes[v];
+    if (!is_chunk(n.op)) continue;
+    if (n.op == Op::U) update[static_cast<size_t>(n.stage)] = v;
+    else chunks[static_cast<size_t>(n.stage)].push_back(v);
+  }
+  for (size_t s = 0; s < stages; ++s) {
+    if (g.facts.stages[s].replication.axis < 0) continue;
+    StageReplication r(c, s, chunks[s], update[s], grads, params);
+    r.reduce_buckets();
+    if (g.facts.stages[s].replication.zero == 3) r.gather_units();
   }
   g.remove_dead_edges();
 }

@@ -78,4 +78,21 @@ TEST_CASE("the verifier catches broken graphs") {
     p.g.add(p.g.nodes[0]);
     CHECK(says(verify(p.g), "0F0 appears twice"));
   }
+  SUBCASE("a storage layout whose shards overlap or leave elements unstepped") {
+    Pipe p;
+    StageFacts st;
+    st.dense_elems = 10;
+    st.storage.zero = 2;
+    st.storage.members = {MemberStorage{{Range{0, 5}}, 10, 5}, MemberStorage{{Range{5, 10}}, 10, 5}};
+    p.g.facts.stages = {st};
+    CHECK(verify(p.g).empty());
+    p.g.facts.stages[0].storage.members[1].stepped = {Range{4, 10}};
+    CHECK(says(verify(p.g), "elements 4..5 are stepped by two members"));
+    p.g.facts.stages[0].storage.members[1].stepped = {Range{6, 10}};
+    CHECK(says(verify(p.g), "elements 5..6 are stepped by no members"));
+    p.g.facts.stages[0].storage.members[1].stepped = {Range{5, 9}};
+    CHECK(says(verify(p.g), "the members step 9 of 10 elements"));
+    p.g.facts.stages[0].storage.zero = 0;
+    CHECK(says(verify(p.g), "a member without ZeRO does not step its whole layout"));
+  }
 }

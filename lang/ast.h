@@ -67,7 +67,14 @@ struct Stmt;
 using StmtPtr = std::unique_ptr<Stmt>;
 using Block = std::vector<StmtPtr>;
 
-struct ParamStmt { std::string name; ExprPtr value; };
+// `in {1, 2, 4}` or `in divisors(world)`: the values piper-tune tries. Constants only (literals, world).
+struct ParamDomain {
+  std::string function;         // "" for a list; else the function's name (divisors), of values[0]
+  std::vector<ExprPtr> values;  // the list, or the function's one argument
+  SourceLoc loc;
+  bool empty() const { return values.empty(); }
+};
+struct ParamStmt { std::string name; ExprPtr value; ParamDomain domain; };
 struct LetStmt { std::string name; ExprPtr value; };
 struct MeshStmt { std::vector<Binding> axes; };
 struct StreamStmt { std::vector<std::pair<std::string, SourceLoc>> names; };

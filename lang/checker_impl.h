@@ -143,6 +143,7 @@ class Checker {
   std::optional<Value> parse_override(const Override& o);
   void run_stmt(const ast::Stmt& s, Env& env, UseContext& use, FileId file);
   void stmt(const ast::ParamStmt& p, const ast::Stmt& s, Env& env, UseContext& use, FileId);
+  void check_domain(const ast::ParamStmt& p, const Value& fallback);
   void stmt(const ast::LetStmt& l, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void stmt(const ast::MeshStmt& m, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void stmt(const ast::StreamStmt& st, const ast::Stmt&, Env&, UseContext&, FileId);
@@ -155,6 +156,9 @@ class Checker {
   void stmt(const ast::ForStmt& f, const ast::Stmt& s, Env& env, UseContext& use, FileId file);
   std::optional<std::string> check_axis(const ast::AxisRef& a, const Env& env);
   void stmt(const ast::PlaceStmt& p, const ast::Stmt& s, Env& env, UseContext&, FileId);
+  bool place_on(const ast::PlaceStmt& p, Env& env, PlaceDirective& d);
+  bool place_over(const ast::PlaceStmt& p, Env& env, PlaceDirective& d);
+  void record_placement(const ast::PlaceStmt& p, const ast::Stmt& s, PlaceDirective d);
   void stmt(const ast::ReplicateStmt& r, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void stmt(const ast::ShardStmt& sh, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void stmt(const ast::SplitStmt& sp, const ast::Stmt& s, Env& env, UseContext&, FileId);
@@ -173,7 +177,14 @@ class Checker {
   // order expansion (order_expansion.cpp)
   static std::optional<TaskKind> task_kind(const std::string& name);
   void finish_orders();
+  struct FreeVar {  // an order's quantified variable and how many values it takes
+    std::string name;
+    int64_t domain;
+  };
   void expand(PendingOrder& p, int64_t stages, std::vector<Directive>& out);
+  bool free_variables(const PendingOrder& p, int64_t stages, std::vector<FreeVar>& free);
+  bool instance(const PendingOrder& p, const Env& env, bool quantified, int64_t stages, OrderDirective& d, bool& keep,
+                std::optional<std::string>& out_of_range);
   bool check_instance(const PendingOrder& p, const OrderDirective& d);
 
   const Manifest& m_;

@@ -36,71 +36,7 @@ void Checker::stmt(const ast::PlaceStmt& p, const ast::Stmt& s, Env& env, UseCon
   PlaceDirective d;
   d.regions = *regions;
   d.stream = *stream;
-  using M = ast::PlaceStmt::Mode;
-  if (p.mode == M::On) {
-    if (p.coords.size() != 1) {
-      diags_.error(p.coords[1].loc, "place on one axis only (the pipeline axis); spread over other axes with "
-                                    "replicate or shard");
-      return;
-    }
-    const ast::Binding& c = p.coords[0];
-    if (!check_axis(ast::AxisRef{c.name, nullptr, c.loc}, env)) return;
-    auto coord = eval_int(*c.value, env, "a mesh coordinate");
-    if (!coord) return;
-    int64_t n = axis_size(c.name);
-    if (*coord < 0 || *coord >= n) {
-      diags_.error(c.value->loc, fmt::format("coordinate {} is outside axis '{}' (0..{})", *coord, c.name, n - 1));
-      return;
-    }
-    d.mode = PlaceDirective::Mode::On;
-    d.axis = c.name;
-    d.coord = *coord;
-  } else {
-    auto axis = check_axis(p.axis, env);
-    if (!axis) return;
-    d.axis = *axis;
-    int64_t n = axis_size(d.axis);
-    int64_t groups = n;
-    d.mode = p.mode == M::Contiguous ? PlaceDirective::Mode::Contiguous
-           : p.mode == M::VShape     ? PlaceDirective::Mode::VShape
-           : p.mode == M::Balanced   ? PlaceDirective::Mode::Balanced
-                                     : PlaceDirective::Mode::Interleaved;
-    if (p.mode == M::Interleaved) {
-      auto v = eval_int(*p.chunks, env, "interleaved()");
-      if (!v) return;
-      if (*v < 1) {
-        diags_.error(p.chunks->loc, fmt::format("interleaved({}) needs at least 1 chunk per rank", *v));
-        return;
-      }
-      d.chunks = *v;
-      if (__builtin_mul_overflow(n, *v, &groups) || groups > static_cast<int64_t>(d.regions.size())) {
-        diags_.error(p.chunks->loc, fmt::format("interleaved({}) over {}={} asks for more stages than the {} regions "
-                                                "selected",
-                                                *v, d.axis, n, d.regions.size()));
-        return;
-      }
-    } else if (p.mode == M::VShape) {
-      groups = 2 * n;
-    }
-    d.balanced = p.balanced;
-    int64_t count = static_cast<int64_t>(d.regions.size());
-    if (p.mode == M::Balanced || p.balanced) {
-      if (count < groups) {
-        diags_.error(p.regions.front().loc, fmt::format("{} regions cannot be balanced over {} stages ({}={}): every stage "
-                                                        "needs at least one",
-                                                        count, groups, d.axis, n))
-            .note(SourceLoc{}, fmt::format("selected: {}", print_regions(d.regions, m_)));
-        return;
-      }
-    } else if (count % groups != 0) {
-      diags_.error(p.regions.front().loc,
-                   fmt::format("{} regions cannot be cut evenly into {} stages ({} over {}={}{})", count, groups,
-                               p.mode == M::VShape ? "V-shape: 2 per rank" : p.mode == M::Interleaved ? "interleaved" : "contiguous",
-                               d.axis, n, p.mode == M::Interleaved ? fmt::format(" × {} chunks", d.chunks) : ""))
-          .note(SourceLoc{}, fmt::format("selected: {}", print_regions(d.regions, m_)));
-      return;
-    }
-  }
+  if (!(p.mode == ast::PlaceStmt::Mode::On ? place_on(p, env, d) : place_over(p, env, d))) return;
   if (!out_.pipeline_axis.empty() && out_.pipeline_axis != d.axis) {
     diags_.error(s.loc, fmt::format("all regions are placed over one pipeline axis; this uses '{}' but "
                                     "earlier placement used '{}'", d.axis, out_.pipeline_axis))
@@ -109,6 +45,84 @@ void Checker::stmt(const ast::PlaceStmt& p, const ast::Stmt& s, Env& env, UseCon
   }
   out_.pipeline_axis = d.axis;
   if (!first_place_.valid()) first_place_ = s.loc;
+  record_placement(p, s, std::move(d));
+}
+
+// `place ... on pp = k`: one coordinate of the pipeline axis.
+bool Checker::place_on(const ast::PlaceStmt& p, Env& env, PlaceDirective& d) {
+  if (p.coords.size() != 1) {
+    diags_.error(p.coords[1].loc, "place on one axis only (the pipeline axis); spread over other axes with "
+                                  "replicate or shard");
+    return false;
+  }
+  const ast::Binding& c = p.coords[0];
+  if (!check_axis(ast::AxisRef{c.name, nullptr, c.loc}, env)) return false;
+  auto coord = eval_int(*c.value, env, "a mesh coordinate");
+  if (!coord) return false;
+  int64_t n = axis_size(c.name);
+  if (*coord < 0 || *coord >= n) {
+    diags_.error(c.value->loc, fmt::format("coordinate {} is outside axis '{}' (0..{})", *coord, c.name, n - 1));
+    return false;
+  }
+  d.mode = PlaceDirective::Mode::On;
+  d.axis = c.name;
+  d.coord = *coord;
+  return true;
+}
+
+// `place ... over pp [interleaved(v) | vshape | balanced]`: the regions cut into stages, evenly
+// unless balanced (then cut by cost once every placement is known).
+bool Checker::place_over(const ast::PlaceStmt& p, Env& env, PlaceDirective& d) {
+  using M = ast::PlaceStmt::Mode;
+  auto axis = check_axis(p.axis, env);
+  if (!axis) return false;
+  d.axis = *axis;
+  int64_t n = axis_size(d.axis);
+  int64_t groups = n;
+  d.mode = p.mode == M::Contiguous ? PlaceDirective::Mode::Contiguous
+         : p.mode == M::VShape     ? PlaceDirective::Mode::VShape
+         : p.mode == M::Balanced   ? PlaceDirective::Mode::Balanced
+                                   : PlaceDirective::Mode::Interleaved;
+  if (p.mode == M::Interleaved) {
+    auto v = eval_int(*p.chunks, env, "interleaved()");
+    if (!v) return false;
+    if (*v < 1) {
+      diags_.error(p.chunks->loc, fmt::format("interleaved({}) needs at least 1 chunk per rank", *v));
+      return false;
+    }
+    d.chunks = *v;
+    if (__builtin_mul_overflow(n, *v, &groups) || groups > static_cast<int64_t>(d.regions.size())) {
+      diags_.error(p.chunks->loc, fmt::format("interleaved({}) over {}={} asks for more stages than the {} regions "
+                                              "selected",
+                                              *v, d.axis, n, d.regions.size()));
+      return false;
+    }
+  } else if (p.mode == M::VShape) {
+    groups = 2 * n;
+  }
+  d.balanced = p.balanced;
+  int64_t count = static_cast<int64_t>(d.regions.size());
+  if (p.mode == M::Balanced || p.balanced) {
+    if (count < groups) {
+      diags_.error(p.regions.front().loc, fmt::format("{} regions cannot be balanced over {} stages ({}={}): every stage "
+                                                      "needs at least one",
+                                                      count, groups, d.axis, n))
+          .note(SourceLoc{}, fmt::format("selected: {}", print_regions(d.regions, m_)));
+      return false;
+    }
+  } else if (count % groups != 0) {
+    diags_.error(p.regions.front().loc,
+                 fmt::format("{} regions cannot be cut evenly into {} stages ({} over {}={}{})", count, groups,
+                             p.mode == M::VShape ? "V-shape: 2 per rank" : p.mode == M::Interleaved ? "interleaved" : "contiguous",
+                             d.axis, n, p.mode == M::Interleaved ? fmt::format(" × {} chunks", d.chunks) : ""))
+        .note(SourceLoc{}, fmt::format("selected: {}", print_regions(d.regions, m_)));
+    return false;
+  }
+  return true;
+}
+
+// Each region's coordinate (and its group, which keeps an `over` placement's stages apart).
+void Checker::record_placement(const ast::PlaceStmt& p, const ast::Stmt& s, PlaceDirective d) {
   size_t index = ++place_count_;
   int64_t n = axis_size(d.axis);
   int64_t groups = d.mode == PlaceDirective::Mode::Interleaved ? n * d.chunks

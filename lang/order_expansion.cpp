@@ -36,11 +36,13 @@ void Checker::finish_orders() {
   out_.directives = std::move(expanded);
 }
 
-void Checker::expand(PendingOrder& p, int64_t stages, std::vector<Directive>& out) {
-  const int64_t mbs = out_.microbatches;
-  // Validate task names and arities; find the free (quantified) variables and their domains.
-  struct Free { std::string name; int64_t domain; };
-  std::vector<Free> free;
+namespace {
+// One-argument tasks share an implicit stage: `fwd(i) || bwd(i-1)` pairs tasks of one stage.
+const std::string kImplicitStage = "$stage";
+}  // namespace
+
+// Validates task names and arities, and finds the free (quantified) variables and their domains.
+bool Checker::free_variables(const PendingOrder& p, int64_t stages, std::vector<FreeVar>& free) {
   bool one_arg = false;
   auto is_bound = [&](const std::string& n) {
     if (n == "world") return true;
@@ -60,25 +62,68 @@ void Checker::expand(PendingOrder& p, int64_t stages, std::vector<Directive>& ou
         at.length = static_cast<uint32_t>(t.kind.size());
         diags_.error(at, fmt::format("unknown task '{}'{}", t.kind, hint))
             .note(SourceLoc{}, "tasks are fwd, bwd, bwd_input and bwd_weight, written as fwd(stage, microbatch)");
-        return;
+        return false;
       }
       if (t.args.empty() || t.args.size() > 2) {
         diags_.error(t.loc, fmt::format("{}() takes (stage, microbatch) or (microbatch), not {} argument{}", t.kind,
                                         t.args.size(), t.args.size() == 1 ? "" : "s"));
-        return;
+        return false;
       }
       if (t.args.size() == 1) one_arg = true;
       for (size_t a = 0; a < t.args.size(); ++a) {
         const ast::Expr& e = *t.args[a];
         if (e.kind != ast::Expr::Kind::Name || is_bound(e.name)) continue;
         if (std::none_of(free.begin(), free.end(), [&](auto& f) { return f.name == e.name; }))
-          free.push_back({e.name, (t.args.size() == 2 && a == 0) ? stages : mbs});
+          free.push_back({e.name, (t.args.size() == 2 && a == 0) ? stages : out_.microbatches});
       }
     }
-  // One-argument tasks share an implicit stage: `fwd(i) || bwd(i-1)` pairs tasks of one stage.
-  const std::string kImplicitStage = "$stage";
   if (one_arg) free.push_back({kImplicitStage, stages});
+  return true;
+}
 
+// One instance's chain under `env`; `keep` false when a task does not exist (dropped if the order
+// is quantified, an error if not). False on an error.
+bool Checker::instance(const PendingOrder& p, const Env& env, bool quantified, int64_t stages, OrderDirective& d, bool& keep,
+                       std::optional<std::string>& out_of_range) {
+  const int64_t mbs = out_.microbatches;
+  keep = true;
+  for (const auto& group : p.stmt->chain) {
+    std::vector<Task> g;
+    for (const auto& t : group) {
+      Task task{*task_kind(t.kind), 0, 0};
+      std::optional<int64_t> s, mb;
+      if (t.args.size() == 2) {
+        s = eval_int(*t.args[0], env, "a task's stage");
+        mb = eval_int(*t.args[1], env, "a task's microbatch");
+      } else {
+        s = env.find(kImplicitStage)->value.i;
+        mb = eval_int(*t.args[0], env, "a task's microbatch");
+      }
+      if (!s || !mb) return false;
+      task.stage = *s;
+      task.microbatch = *mb;
+      if (task.stage < 0 || task.stage >= stages || task.microbatch < 0 || task.microbatch >= mbs) {
+        std::string why = task.stage < 0 || task.stage >= stages
+            ? fmt::format("stage {} does not exist: the strategy has {} stage{} (0..{})", task.stage, stages,
+                          stages == 1 ? "" : "s", stages - 1)
+            : fmt::format("microbatch {} does not exist: the batch is split into {} (0..{})", task.microbatch, mbs, mbs - 1);
+        if (!quantified) {
+          diags_.error(t.loc, fmt::format("{}({}, {}): {}", t.kind, task.stage, task.microbatch, why));
+          return false;
+        }
+        if (!out_of_range) out_of_range = why;
+        keep = false;
+      }
+      g.push_back(task);
+    }
+    d.chain.push_back(std::move(g));
+  }
+  return true;
+}
+
+void Checker::expand(PendingOrder& p, int64_t stages, std::vector<Directive>& out) {
+  std::vector<FreeVar> free;
+  if (!free_variables(p, stages, free)) return;
   if (p.in_sequence && !free.empty()) {
     diags_.error(p.loc, fmt::format("inside a sequence, orders name concrete tasks; '{}' is not defined",
                                     free.front().name == kImplicitStage ? std::string("the stage") : free.front().name))
@@ -87,14 +132,12 @@ void Checker::expand(PendingOrder& p, int64_t stages, std::vector<Directive>& ou
   }
   const PendingOrder* prev = p.prev ? &pending_[*p.prev] : nullptr;
   if (prev && prev->failed) return;
-
   int64_t combos = 1;
   for (const auto& f : free)
     if (__builtin_mul_overflow(combos, std::max<int64_t>(f.domain, 1), &combos) || combos > opt_.max_steps) {
       diags_.error(p.loc, "this order has too many instances to expand");
       return;
     }
-
   // An order over free variables makes up to `combos` records: room for them at once (growing
   // geometrically still), not a doubling per few thousand.
   if (const size_t need = out.size() + static_cast<size_t>(combos); need > out.capacity())
@@ -108,42 +151,10 @@ void Checker::expand(PendingOrder& p, int64_t stages, std::vector<Directive>& ou
   std::optional<std::string> out_of_range;  // why the last dropped instance was dropped
   for (int64_t c = 0; c < combos; ++c) {
     if (!step(p.loc)) return;
-    for (size_t f = 0; f < free.size(); ++f)
-      env.frames.back()[free[f].name] = Var{Value::of(idx[f]), p.loc, "order variable"};
+    for (size_t f = 0; f < free.size(); ++f) env.frames.back()[free[f].name] = Var{Value::of(idx[f]), p.loc, "order variable"};
     OrderDirective d{{}, p.stream};
     bool keep = true;
-    for (const auto& group : p.stmt->chain) {
-      std::vector<Task> g;
-      for (const auto& t : group) {
-        Task task{*task_kind(t.kind), 0, 0};
-        std::optional<int64_t> s, mb;
-        if (t.args.size() == 2) {
-          s = eval_int(*t.args[0], env, "a task's stage");
-          mb = eval_int(*t.args[1], env, "a task's microbatch");
-        } else {
-          s = env.find(kImplicitStage)->value.i;
-          mb = eval_int(*t.args[0], env, "a task's microbatch");
-        }
-        if (!s || !mb) return;
-        task.stage = *s;
-        task.microbatch = *mb;
-        if (task.stage < 0 || task.stage >= stages || task.microbatch < 0 || task.microbatch >= mbs) {
-          std::string why = task.stage < 0 || task.stage >= stages
-              ? fmt::format("stage {} does not exist: the strategy has {} stage{} (0..{})", task.stage, stages,
-                            stages == 1 ? "" : "s", stages - 1)
-              : fmt::format("microbatch {} does not exist: the batch is split into {} (0..{})", task.microbatch,
-                            mbs, mbs - 1);
-          if (free.empty()) {
-            diags_.error(t.loc, fmt::format("{}({}, {}): {}", t.kind, task.stage, task.microbatch, why));
-            return;
-          }
-          if (!out_of_range) out_of_range = why;
-          keep = false;
-        }
-        g.push_back(task);
-      }
-      d.chain.push_back(std::move(g));
-    }
+    if (!instance(p, env, !free.empty(), stages, d, keep, out_of_range)) return;
     if (keep && prev && prev->last_group) d.chain.insert(d.chain.begin(), *prev->last_group);
     if (keep && !check_instance(p, d)) return;
     if (keep) {
@@ -161,9 +172,9 @@ void Checker::expand(PendingOrder& p, int64_t stages, std::vector<Directive>& ou
   // microbatch chains with mb = 1); in the user's own file it is probably a mistake: warn.
   if (produced == 0 && p.context->empty()) {
     std::vector<std::string> vars;
-    for (const auto& f : free) if (f.name != kImplicitStage) vars.push_back(f.name);
-    auto& d = diags_.warning(p.loc, fmt::format("this order matches no tasks: for every value of {} some task does "
-                                                "not exist",
+    for (const auto& f : free)
+      if (f.name != kImplicitStage) vars.push_back(f.name);
+    auto& d = diags_.warning(p.loc, fmt::format("this order matches no tasks: for every value of {} some task does not exist",
                                                 vars.empty() ? std::string("the stage") : fmt::format("{}", fmt::join(vars, ", "))));
     if (out_of_range) d.note(SourceLoc{}, *out_of_range);
   }

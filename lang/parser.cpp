@@ -132,7 +132,7 @@ class Builder {
     auto s = std::make_unique<ast::Stmt>();
     s->loc = tok_loc(f_, c->getStart());
     if (auto* p = dynamic_cast<G::ParamStmtContext*>(c)) {
-      s->node = ast::ParamStmt{p->NAME()->getText(), expr(p->expr())};
+      s->node = ast::ParamStmt{p->NAME()->getText(), expr(p->expr()), domain(p->domain())};
     } else if (auto* p = dynamic_cast<G::LetStmtContext*>(c)) {
       s->node = ast::LetStmt{p->NAME()->getText(), expr(p->expr())};
     } else if (auto* p = dynamic_cast<G::MeshStmtContext*>(c)) {
@@ -309,6 +309,19 @@ class Builder {
     return e;
   }
 
+  ast::ParamDomain domain(G::DomainContext* c) {
+    ast::ParamDomain d;
+    if (!c) return d;
+    d.loc = tok_loc(f_, c->getStart());
+    if (auto* l = dynamic_cast<G::DomainListContext*>(c)) {
+      for (auto* e : l->expr()) d.values.push_back(expr(e));
+    } else if (auto* f = dynamic_cast<G::DomainCallContext*>(c)) {
+      d.function = f->NAME()->getText();
+      d.values.push_back(expr(f->expr()));
+    }
+    return d;
+  }
+
   ast::ExprPtr expr(G::ExprContext* c) {
     using K = ast::Expr::Kind;
     if (auto* p = dynamic_cast<G::ParenExprContext*>(c)) return expr(p->expr());
@@ -412,8 +425,9 @@ size_t tree_depth(antlr4::tree::ParseTree* root) {
 }  // namespace
 
 std::unique_ptr<ast::File> parse_strategy(FileId file, const SourceManager& sources, DiagnosticEngine& diags,
-                                          const ParseLimits& limits) {
+                                          const ParseLimits& given) {
   const std::string& text = sources.text(file);
+  const ParseLimits& limits = text.starts_with(kCanonicalHeader) ? kCanonicalLimits : given;
   if (text.size() > limits.max_bytes) {
     diags.error(SourceLoc{file, 1, 1, 1},
                 fmt::format("strategy file is {} bytes; the limit is {} (is this really a strategy?)",

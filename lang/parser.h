@@ -14,6 +14,12 @@ struct ParseLimits {
   size_t max_tree_depth = 4000;     // long operator chains nest too (the builder and evaluator recurse)
 };
 
+// What piper-check's canonical form (`--emit ast`) starts with. Such text was printed from a checked
+// strategy, so it is a strategy, however long its orders made it: it is read under kCanonicalLimits
+// instead (the canonical form must always check again).
+inline constexpr const char* kCanonicalHeader = "# checked strategy: ";
+inline constexpr ParseLimits kCanonicalLimits{64u << 20, 20000000, 64, 4000};
+
 // Returns null when the file has syntax errors (all of them are reported).
 std::unique_ptr<ast::File> parse_strategy(FileId file, const SourceManager& sources,
                                           DiagnosticEngine& diags, const ParseLimits& limits = {});

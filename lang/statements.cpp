@@ -2,6 +2,7 @@
 #include <charconv>
 
 #include "lang/checker_impl.h"
+#include "lang/domain.h"
 
 namespace piper::check {
 
@@ -61,6 +62,7 @@ void Checker::stmt(const ast::ParamStmt& p, const ast::Stmt& s, Env& env, UseCon
   std::optional<Value> v;
   std::optional<Value> fallback = eval(*p.value, env);  // the default is checked even when overridden
   if (!fallback) return;
+  if (!p.domain.empty()) check_domain(p, *fallback);
   if (auto a = use.args.find(p.name); a != use.args.end()) {
     use.consumed.insert(p.name);
     v = a->second.first;
@@ -90,6 +92,26 @@ void Checker::stmt(const ast::ParamStmt& p, const ast::Stmt& s, Env& env, UseCon
   if (!declare(env, p.name, *v, loc, "parameter")) return;
   if (std::none_of(out_.params.begin(), out_.params.end(), [&](auto& kv) { return kv.first == p.name; }))
     out_.params.emplace_back(p.name, v->text());
+}
+
+// The values piper-tune searches: constants of the default's type, the default among a list's.
+// Checked as if the world were 1 when it is not known (piper-check without --np).
+void Checker::check_domain(const ast::ParamStmt& p, const Value& fallback) {
+  const DomainValues d = eval_domain(p.domain, opt_.world.value_or(1));
+  if (!d.error.empty()) {
+    diags_.error(d.error_loc, d.error);
+    return;
+  }
+  const bool boolean = fallback.type == Value::Type::Bool;
+  if (d.boolean != boolean) {
+    diags_.error(p.domain.loc, fmt::format("parameter '{}' is {} but its values are {}", p.name, type_name(fallback.type),
+                                           d.boolean ? "booleans" : "integers"));
+    return;
+  }
+  const int64_t v = boolean ? fallback.b : fallback.i;
+  if (p.domain.function.empty() && std::find(d.values.begin(), d.values.end(), v) == d.values.end())
+    diags_.error(p.value->loc, fmt::format("the default {} is not one of the values listed for '{}'", fallback.text(), p.name))
+        .note(p.domain.loc, "values listed here");
 }
 
 void Checker::stmt(const ast::LetStmt& l, const ast::Stmt& s, Env& env, UseContext&, FileId) {

@@ -1,5 +1,7 @@
 #include "lang/strategy.h"
 
+#include "lang/parser.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -70,13 +72,109 @@ std::string print_regions(const std::vector<RegionId>& regions, const Manifest& 
 namespace {
 std::string stream_clause(const std::string& s) { return s.empty() ? "" : " on stream " + s; }
 
-std::string task_text(const Task& t) {
-  return fmt::format("{}({}, {})", task_kind_name(t.kind), t.stage, t.microbatch);
+// `base + i * step` as Piper text, for a task argument that advances by `step` per loop iteration.
+std::string progression(int64_t base, int64_t step) {
+  std::string var = step == 1 || step == -1 ? "i" : fmt::format("i * {}", step < 0 ? -step : step);
+  if (step == 0) return std::to_string(base);
+  if (step < 0) return base == 0 ? "-" + var : fmt::format("{} - {}", base, var);
+  if (base == 0) return var;
+  return fmt::format("{} {} {}", var, base > 0 ? '+' : '-', base > 0 ? base : -base);
+}
+
+// An order's text with each task argument `base + i * step` (steps all 0: the instance itself).
+std::string order_text(const OrderDirective& x, const OrderDirective* next) {
+  std::vector<std::string> groups;
+  for (size_t g = 0; g < x.chain.size(); ++g) {
+    std::vector<std::string> tasks;
+    for (size_t t = 0; t < x.chain[g].size(); ++t) {
+      const Task& a = x.chain[g][t];
+      const Task* b = next ? &next->chain[g][t] : nullptr;
+      tasks.push_back(fmt::format("{}({}, {})", task_kind_name(a.kind), progression(a.stage, b ? b->stage - a.stage : 0),
+                                  progression(a.microbatch, b ? b->microbatch - a.microbatch : 0)));
+    }
+    groups.push_back(fmt::format("{}", fmt::join(tasks, " || ")));
+  }
+  return fmt::format("order {}{};", fmt::join(groups, " -> "), stream_clause(x.stream));
+}
+
+const OrderDirective* as_order(const Directive& d) { return std::get_if<OrderDirective>(&d.body); }
+
+// Whether order `c` continues the progression that `a` -> `b` starts: same shape, kinds and stream,
+// every argument advanced by the same step again.
+bool continues(const OrderDirective& a, const OrderDirective& b, const OrderDirective& c) {
+  if (a.stream != c.stream || a.chain.size() != c.chain.size()) return false;
+  for (size_t g = 0; g < a.chain.size(); ++g) {
+    if (a.chain[g].size() != c.chain[g].size() || b.chain[g].size() != c.chain[g].size()) return false;
+    for (size_t t = 0; t < a.chain[g].size(); ++t) {
+      const Task &x = a.chain[g][t], &y = b.chain[g][t], &z = c.chain[g][t];
+      if (x.kind != z.kind || y.kind != z.kind || z.stage - y.stage != y.stage - x.stage ||
+          z.microbatch - y.microbatch != y.microbatch - x.microbatch)
+        return false;
+    }
+  }
+  return true;
+}
+
+// Orders are recorded one instance each (loops unrolled, free variables bound). Printing them so
+// would make a 50,000-iteration loop megabytes of text that no longer checks (the parser's size
+// limit), so a run of three or more instances in arithmetic progression prints as one loop.
+size_t print_orders(const std::vector<Directive>& ds, size_t i, std::string& out) {
+  const OrderDirective& first = *as_order(ds[i]);
+  size_t j = i + 1;
+  if (j + 1 < ds.size() && as_order(ds[j]) && as_order(ds[j + 1]) && continues(first, *as_order(ds[j]), *as_order(ds[j + 1]))) {
+    while (j + 1 < ds.size() && as_order(ds[j + 1]) && continues(*as_order(ds[j - 1]), *as_order(ds[j]), *as_order(ds[j + 1]))) ++j;
+    out += fmt::format("for i in 0..{} {{ {} }}\n", j - i, order_text(first, as_order(ds[i + 1])));
+    return j + 1;
+  }
+  out += order_text(first, nullptr) + "\n";
+  return i + 1;
+}
+
+std::string directive_text(const Directive& d, const Manifest& m) {
+  return std::visit(
+      [&](const auto& x) -> std::string {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, PlaceDirective>) {
+          std::string target;
+          switch (x.mode) {
+            case PlaceDirective::Mode::On: target = fmt::format("on {} = {}", x.axis, x.coord); break;
+            case PlaceDirective::Mode::Contiguous: target = fmt::format("over {}", x.axis); break;
+            case PlaceDirective::Mode::Interleaved:
+              target = fmt::format("over {} interleaved({}){}", x.axis, x.chunks, x.balanced ? " balanced" : "");
+              break;
+            case PlaceDirective::Mode::VShape: target = fmt::format("over {} vshape{}", x.axis, x.balanced ? " balanced" : ""); break;
+            case PlaceDirective::Mode::Balanced: target = fmt::format("over {} balanced", x.axis); break;
+          }
+          return fmt::format("place {} {}{};\n", print_regions(x.regions, m), target, stream_clause(x.stream));
+        } else if constexpr (std::is_same_v<T, ReplicateDirective>) {
+          std::string out = fmt::format("replicate {} over {}", print_regions(x.regions, m), x.axis);
+          if (x.zero) out += fmt::format(" zero {}", x.zero);
+          if (x.bucket_bytes) out += fmt::format(" bucket {}", x.bucket_bytes);
+          if (!x.units.empty()) out += fmt::format(" unit {}", print_regions(x.units, m));
+          if (x.zero == 3 && x.prefetch != 1) out += fmt::format(" prefetch {}", x.prefetch);
+          return out + stream_clause(x.stream) + ";\n";
+        } else if constexpr (std::is_same_v<T, ShardDirective>) {
+          return fmt::format("shard {} over {}{};\n", print_regions(x.regions, m), x.axis, stream_clause(x.stream));
+        } else if constexpr (std::is_same_v<T, SplitDirective>) {
+          return fmt::format("split batch into {};\n", x.microbatches);
+        } else if constexpr (std::is_same_v<T, OrderDirective>) {
+          return order_text(x, nullptr) + "\n";
+        } else if constexpr (std::is_same_v<T, RecomputeDirective>) {
+          return fmt::format("recompute {};\n", print_regions(x.regions, m));
+        } else if constexpr (std::is_same_v<T, PrecisionDirective>) {
+          const char* name = x.dtype == DType::BF16 ? "bf16" : "fp32";
+          if (x.regions == std::vector<RegionId>{0}) return fmt::format("precision {};\n", name);
+          return fmt::format("precision {} for {};\n", name, print_regions(x.regions, m));
+        } else {
+          static_assert(unhandled<T>, "print_strategy does not print this directive");
+        }
+      },
+      d.body);
 }
 }  // namespace
 
 std::string print_strategy(const CheckedStrategy& s, const Manifest& m) {
-  std::string out = fmt::format("# checked strategy: {} rank{}, {} stage{}, {} microbatch{}\n", s.mesh.world(),
+  std::string out = fmt::format("{}{} rank{}, {} stage{}, {} microbatch{}\n", kCanonicalHeader, s.mesh.world(),
                                 s.mesh.world() == 1 ? "" : "s", s.stages.size(), s.stages.size() == 1 ? "" : "s",
                                 s.microbatches, s.microbatches == 1 ? "" : "es");
   if (!s.params.empty()) {
@@ -90,52 +188,13 @@ std::string print_strategy(const CheckedStrategy& s, const Manifest& m) {
     out += fmt::format("mesh {};\n", fmt::join(axes, ", "));
   }
   if (!s.streams.empty()) out += fmt::format("stream {};\n", fmt::join(s.streams, ", "));
-  for (const Directive& d : s.directives) {
-    std::visit(
-        [&](const auto& x) {
-          using T = std::decay_t<decltype(x)>;
-          if constexpr (std::is_same_v<T, PlaceDirective>) {
-            std::string target;
-            switch (x.mode) {
-              case PlaceDirective::Mode::On: target = fmt::format("on {} = {}", x.axis, x.coord); break;
-              case PlaceDirective::Mode::Contiguous: target = fmt::format("over {}", x.axis); break;
-              case PlaceDirective::Mode::Interleaved:
-                target = fmt::format("over {} interleaved({}){}", x.axis, x.chunks, x.balanced ? " balanced" : "");
-                break;
-              case PlaceDirective::Mode::VShape: target = fmt::format("over {} vshape{}", x.axis, x.balanced ? " balanced" : ""); break;
-              case PlaceDirective::Mode::Balanced: target = fmt::format("over {} balanced", x.axis); break;
-            }
-            out += fmt::format("place {} {}{};\n", print_regions(x.regions, m), target, stream_clause(x.stream));
-          } else if constexpr (std::is_same_v<T, ReplicateDirective>) {
-            out += fmt::format("replicate {} over {}", print_regions(x.regions, m), x.axis);
-            if (x.zero) out += fmt::format(" zero {}", x.zero);
-            if (x.bucket_bytes) out += fmt::format(" bucket {}", x.bucket_bytes);
-            if (!x.units.empty()) out += fmt::format(" unit {}", print_regions(x.units, m));
-            if (x.zero == 3 && x.prefetch != 1) out += fmt::format(" prefetch {}", x.prefetch);
-            out += stream_clause(x.stream) + ";\n";
-          } else if constexpr (std::is_same_v<T, ShardDirective>) {
-            out += fmt::format("shard {} over {}{};\n", print_regions(x.regions, m), x.axis, stream_clause(x.stream));
-          } else if constexpr (std::is_same_v<T, SplitDirective>) {
-            out += fmt::format("split batch into {};\n", x.microbatches);
-          } else if constexpr (std::is_same_v<T, OrderDirective>) {
-            std::vector<std::string> groups;
-            for (const auto& g : x.chain) {
-              std::vector<std::string> tasks;
-              for (const Task& t : g) tasks.push_back(task_text(t));
-              groups.push_back(fmt::format("{}", fmt::join(tasks, " || ")));
-            }
-            out += fmt::format("order {}{};\n", fmt::join(groups, " -> "), stream_clause(x.stream));
-          } else if constexpr (std::is_same_v<T, RecomputeDirective>) {
-            out += fmt::format("recompute {};\n", print_regions(x.regions, m));
-          } else if constexpr (std::is_same_v<T, PrecisionDirective>) {
-            const char* name = x.dtype == DType::BF16 ? "bf16" : "fp32";
-            if (x.regions == std::vector<RegionId>{0}) out += fmt::format("precision {};\n", name);
-            else out += fmt::format("precision {} for {};\n", name, print_regions(x.regions, m));
-          } else {
-            static_assert(unhandled<T>, "print_strategy does not print this directive");
-          }
-        },
-        d.body);
+  for (size_t i = 0; i < s.directives.size();) {
+    if (as_order(s.directives[i])) {
+      i = print_orders(s.directives, i, out);
+    } else {
+      out += directive_text(s.directives[i], m);
+      ++i;
+    }
   }
   return out;
 }

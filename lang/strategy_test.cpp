@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "lang/parser.h"
 #include "tests/lang_fixture.h"
 
 using namespace piper;
@@ -54,4 +55,32 @@ TEST_CASE("region lists print compactly") {
   for (int i = 0; i < 8; ++i) experts.push_back(*m.find(fmt::format("layers.{}.moe.experts", i)));
   CHECK(print_regions(experts, m) == "layers[*].moe.experts");
   CHECK(print_regions({experts[1], experts[2]}, m) == "layers[1..2].moe.experts");
+}
+
+// bench/fuzz.sh found a valid strategy whose canonical text (50,000 orders, 1.5 MB) the parser then
+// refused for its size. Orders in arithmetic progression print as one loop; whatever else is long
+// still checks, because the canonical form is read under its own limits.
+TEST_CASE("the canonical form of a strategy with many orders is short and checks again") {
+  Front f("gpt8");
+  auto s = f.check("split batch into 8;\nfor k in 0..49999 { order fwd(0, 0) -> fwd(0, 1); }\n"
+                   "for k in 0..6 { order bwd(0, k + 1) -> bwd(0, k); }\n");
+  REQUIRE_MESSAGE(s, f.errors());
+  CHECK(s->directives.size() == 50008);
+  std::string printed = print_strategy(*s, f.manifest);
+  CHECK(printed.find("for i in 0..49999 { order fwd(0, 0) -> fwd(0, 1); }") != std::string::npos);
+  CHECK(printed.find("for i in 0..6 { order bwd(0, i + 1) -> bwd(0, i); }") != std::string::npos);
+  auto again = f.check(printed);
+  REQUIRE_MESSAGE(again, f.errors());
+  CHECK(again->directives.size() == s->directives.size());
+  CHECK(print_strategy(*again, f.manifest) == printed);
+
+  // 60,000 orders in no progression: 1.6 MB of canonical text, over the limit for what a user writes.
+  Front g("gpt8");
+  auto t = g.check("split batch into 8;\nfor k in 0..59999 { order fwd(0, k % 2) -> fwd(0, 2 + k % 3); }\n");
+  REQUIRE_MESSAGE(t, g.errors());
+  std::string long_text = print_strategy(*t, g.manifest);
+  CHECK(long_text.size() > ParseLimits{}.max_bytes);
+  auto long_again = g.check(long_text);
+  REQUIRE_MESSAGE(long_again, g.errors());
+  CHECK(long_again->directives.size() == t->directives.size());
 }

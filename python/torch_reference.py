@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 
 def pytorch_losses(model_path, data_path, seq, batch, steps, seed=0):
-    """PyTorch itself trains a model.pt on the windows piper-run reads (runtime/data.cpp's sampler):
+    """PyTorch itself trains a model.pt on the windows piper-run reads (runtime/model/data.cpp's sampler):
     AdamW over model.parameters() (a tied tensor once), cross-entropy on the next tokens."""
     mask = (1 << 64) - 1
     def mix(x):

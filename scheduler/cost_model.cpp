@@ -148,7 +148,7 @@ std::optional<double> CostModel::measured_chunk(const ir::Graph& g, const ir::No
   if (seg.regions.empty() || !g.stage(n.stage).experts.empty()) return std::nullopt;
   const double x = static_cast<double>(samples_);
   // The first region takes tokens: a piece that starts with it has no input gradient, so its BI is
-  // empty and its BW is the whole backward (runtime/chunk_runner.cpp).
+  // empty and its BW is the whole backward (runtime/exec/chunk_runner.cpp).
   const bool first = seg.regions.front() == first_region_;
   double t = 0;
   for (RegionId r : seg.regions) {

@@ -336,10 +336,7 @@ class ClassModel {
   }
 
   bool bf16(const Node& x) const { return g_.stage(x.stage).precision == DType::BF16; }
-  int zero_of(const Node& x) const {
-    const auto& rep = g_.stage(x.stage).replication;
-    return rep.axis >= 0 ? rep.zero : 0;
-  }
+  int zero_of(const Node& x) const { return g_.stage(x.stage).storage.zero; }
 
   bool has_recompute(const Node& x) const {
     auto it = forward_.find(key(x));
@@ -351,7 +348,7 @@ class ClassModel {
   void grad_buckets(NodeId v) {
     const Node& x = n(v);
     const auto& rep = g_.stage(x.stage).replication;
-    if (rep.axis < 0 || rep.zero < 2) return;
+    if (zero_of(x) < 2) return;
     const ir::Range r = segment(x).dense;
     for (size_t k = 0; k < rep.buckets.size(); ++k) {
       const ir::Range& bk = rep.buckets[k];
@@ -370,11 +367,8 @@ class ClassModel {
   void update(const Node& x, double a, double b) {
     if (!o_.adam) return;
     const ir::StageFacts& st = g_.stage(x.stage);
-    const auto& rep = st.replication;
     int64_t largest = 0;
-    if (rep.axis < 0 || rep.zero == 0) largest = st.dense_elems;
-    else
-      for (const auto& bk : rep.buckets) largest = std::max(largest, shard_elems(rep, bk));
+    for (const ir::Range& r : st.storage.members.front().stepped) largest = std::max(largest, r.size());
     for (const auto& e : st.experts) largest = std::max(largest, static_cast<int64_t>(e.owned(0).size()) * e.member_bytes / kFloat);
     hold(a, b, 2 * std::min(largest, kOptimizerChunk) * kFloat, MemCategory::Optimizer);
   }
@@ -455,35 +449,29 @@ class ClassModel {
   std::vector<Event> ev_;
 };
 
-// What a rank holds for the whole step, as runtime/stage_params allocates it.
+// What a rank holds for the whole step: the plan's storage layout (ir/facts.h), which the
+// executor allocates, priced in bytes; and its experts.
 ByCategory resident(const ir::Graph& g, const std::vector<int32_t>& stages, int32_t rank, const MemoryOptions& o) {
   ByCategory r{};
-  auto put = [&](MemCategory c, int64_t elems) { r[static_cast<size_t>(c)] += elems * kFloat; };
+  auto put = [&](MemCategory c, int64_t bytes) { r[static_cast<size_t>(c)] += bytes; };
   const Mesh& mesh = g.facts.mesh;
   for (int32_t s : stages) {
     const ir::StageFacts& st = g.stage(s);
-    const ir::Replication& rep = st.replication;
-    const int zero = rep.axis >= 0 ? rep.zero : 0;
-    const int64_t member = rep.axis >= 0 ? mesh.coord(rank, rep.axis) : 0;
-    auto mine = [&](const ir::Range& x) {
-      return ir::Replication::shard_begin(x, rep.ways, member + 1) - ir::Replication::shard_begin(x, rep.ways, member);
-    };
-    int64_t shards = 0;
-    for (const auto& b : zero == 3 ? rep.units : rep.buckets) shards += mine(b);
-    if (zero < 3) put(MemCategory::Params, st.dense_elems);
-    else put(MemCategory::Params, shards);
-    if (zero <= 1) put(MemCategory::Grads, st.dense_elems);
-    else put(MemCategory::Grads, shards);
-    if (st.precision == DType::BF16) {  // the bf16 copy the modules run on, and (ZeRO 0-1) its gradients
-      if (zero < 3) r[static_cast<size_t>(MemCategory::Params)] += 2 * st.dense_elems;
-      if (zero <= 1) r[static_cast<size_t>(MemCategory::Grads)] += 2 * st.dense_elems;
+    const ir::StageStorage& lay = st.storage;
+    const int64_t member = st.replication.axis >= 0 ? mesh.coord(rank, st.replication.axis) : 0;
+    const ir::MemberStorage& mine = lay.members[static_cast<size_t>(member)];
+    put(MemCategory::Params, mine.param_elems * kFloat);
+    put(MemCategory::Grads, mine.grad_elems * kFloat);
+    if (lay.bf16_copy) {  // the bf16 copy the modules run on, and (whole gradients) its gradients
+      if (lay.whole_params) put(MemCategory::Params, 2 * st.dense_elems);
+      if (lay.whole_grads) put(MemCategory::Grads, 2 * st.dense_elems);
     }
-    if (o.adam) put(MemCategory::Optimizer, 2 * (zero == 0 ? st.dense_elems : shards));
+    if (o.adam) put(MemCategory::Optimizer, 2 * mine.stepped_elems() * kFloat);
     for (const auto& e : st.experts) {
-      const int64_t elems = static_cast<int64_t>(e.owned(mesh.coord(rank, e.axis)).size()) * e.member_bytes / kFloat;
-      put(MemCategory::Params, elems);
-      put(MemCategory::Grads, elems);
-      if (o.adam) put(MemCategory::Optimizer, 2 * elems);
+      const int64_t bytes = static_cast<int64_t>(e.owned(mesh.coord(rank, e.axis)).size()) * e.member_bytes;
+      put(MemCategory::Params, bytes);
+      put(MemCategory::Grads, bytes);
+      if (o.adam) put(MemCategory::Optimizer, 2 * bytes);
     }
   }
   return r;

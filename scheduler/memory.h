@@ -1,5 +1,5 @@
 // The memory model: what each rank holds over the simulated step, by category — the same categories
-// and the same allocations as the executor's (runtime/stage_params, runtime/executor), from the plan's
+// and the same allocations as the executor's (runtime/exec/stage_params, runtime/exec/executor), from the plan's
 // facts and the manifest's measured activation memory — and its peak.
 #pragma once
 #include <array>

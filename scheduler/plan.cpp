@@ -1,6 +1,7 @@
 #include "scheduler/plan.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -32,12 +33,39 @@ uint64_t plan_hash(const ir::Graph& g, const Schedule& s) {
       for (ir::NodeId v : st.ops) h = fnv(h, ir::token(g.nodes[static_cast<size_t>(v)]) + ";");
     }
   const auto& f = g.facts;
+  // Tokens do not say which regions a stage runs or how ZeRO-3 cuts its units: the facts do.
+  for (const auto& st : f.stages) {
+    h = fnv(h, fmt::format("stage {} {} regions {};", st.coord, st.chunk, fmt::join(st.regions, ",")));
+    for (const auto& u : st.replication.units) h = fnv(h, fmt::format("unit {}-{};", u.begin, u.end));
+  }
   return fnv(h, fmt::format("world={} mb={} samples={}", f.mesh.world(), f.microbatches, f.samples_per_microbatch));
 }
 
-std::optional<CostModel> cost_model(const PlanOptions& o, const ir::Graph& g, const Manifest& manifest, SourceManager& sources,
-                                    DiagnosticEngine& diags, PlanResult& r) {
-  if (o.machine_path.empty()) {
+// The machine description, read and parsed once per compile: from `machine_text` when given (the
+// profiler's own, not yet written), else from the file. Nothing without one (unit costs).
+std::optional<Machine> load_machine(const PlanOptions& o, SourceManager& sources, DiagnosticEngine& diags, PlanResult& r) {
+  if (o.machine_path.empty() && o.machine_text.empty()) return std::nullopt;
+  const std::string name = o.machine_path.empty() ? "<machine>" : o.machine_path;
+  std::string text = o.machine_text;
+  if (text.empty()) {
+    std::ifstream in(o.machine_path);
+    if (!in) {
+      r.status = PlanStatus::IoError;
+      r.io_error = fmt::format("{}: cannot open", o.machine_path);
+      return std::nullopt;
+    }
+    std::ostringstream all;
+    all << in.rdbuf();
+    text = all.str();
+  }
+  auto mc = parse_machine(sources.add(name, text), sources, diags);
+  if (!mc) r.status = PlanStatus::Invalid;
+  return mc;
+}
+
+std::optional<CostModel> cost_model(const PlanOptions& o, const std::optional<Machine>& machine, const ir::Graph& g,
+                                    const Manifest& manifest, PlanResult& r) {
+  if (!machine) {
     std::string error;
     auto unit = parse_unit_costs(o.cost_spec, &error);
     if (!unit) {
@@ -47,19 +75,9 @@ std::optional<CostModel> cost_model(const PlanOptions& o, const ir::Graph& g, co
     }
     return CostModel::unit(*unit);
   }
-  std::ifstream in(o.machine_path);
-  if (!in) {
-    r.status = PlanStatus::IoError;
-    r.io_error = fmt::format("{}: cannot open", o.machine_path);
-    return std::nullopt;
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  auto mc = parse_machine(sources.add(o.machine_path, text.str()), sources, diags);
-  if (!mc) return std::nullopt;
   std::vector<std::string> axes;
   for (const auto& a : g.facts.mesh.axes()) axes.push_back(a.name);
-  return CostModel::machine(*mc, axes, g.facts.samples_per_microbatch, manifest);
+  return CostModel::machine(*machine, axes, g.facts.samples_per_microbatch, manifest);
 }
 
 // Over budget: the error names the directive that decides the most memory — replication (ZeRO) for
@@ -82,7 +100,7 @@ void check_budget(const Plan& p, double budget, DiagnosticEngine& diags) {
     for (const Note& n : culprit->used_from) d.notes.push_back(n);
 }
 
-PlanResult compile_checked(PlanResult r, const PlanOptions& o, SourceManager& sources, DiagnosticEngine& diags) {
+PlanResult compile_checked(PlanResult r, const PlanOptions& o, const std::optional<Machine>& machine, DiagnosticEngine& diags) {
   const CheckedStrategy& s = *r.strategy;
   ir::LowerOptions lo;
   lo.verify_each = o.verify_each;
@@ -96,7 +114,7 @@ PlanResult compile_checked(PlanResult r, const PlanOptions& o, SourceManager& so
     r.status = PlanStatus::Invalid;
     return r;
   }
-  auto costs = cost_model(o, *g, *r.manifest, sources, diags, r);
+  auto costs = cost_model(o, machine, *g, *r.manifest, r);
   if (!costs) {
     if (r.status == PlanStatus::Ok) r.status = PlanStatus::Invalid;
     return r;
@@ -130,18 +148,12 @@ PlanResult compile_checked(PlanResult r, const PlanOptions& o, SourceManager& so
   return r;
 }
 
-// The machine file's measured region costs for `balanced` placement (F + B at one sample); its
-// errors are reported once, when the cost model reads it.
-CommandLine with_region_costs(const PlanOptions& o) {
+// The machine's measured region costs for `balanced` placement (F + B at one sample).
+CommandLine with_region_costs(const PlanOptions& o, const std::optional<Machine>& machine) {
   CommandLine cmd = o.cmd;
-  if (o.machine_path.empty()) return cmd;
-  std::ifstream in(o.machine_path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  SourceManager scratch;
-  DiagnosticEngine quiet(scratch);
-  if (auto mc = parse_machine(scratch.add(o.machine_path, text.str()), scratch, quiet))
-    for (const auto& [name, t] : mc->regions) cmd.region_costs[name] = mc->calibration.F * t.F.at(1) + mc->calibration.B * t.B.at(1);
+  if (machine)
+    for (const auto& [name, t] : machine->regions)
+      cmd.region_costs[name] = machine->calibration.F * t.F.at(1) + machine->calibration.B * t.B.at(1);
   return cmd;
 }
 }  // namespace
@@ -150,21 +162,25 @@ PlanResult compile_plan(FileId strategy, const Manifest& manifest, const PlanOpt
                         DiagnosticEngine& diags) {
   PlanResult r;
   r.manifest = manifest;
+  const auto machine = load_machine(options, sources, diags, r);
+  if (r.status != PlanStatus::Ok) return r;
   auto t = Clock::now();
-  r.strategy = check_text(strategy, manifest, with_region_costs(options), sources, diags);
+  r.strategy = check_text(strategy, manifest, with_region_costs(options, machine), sources, diags);
   r.timings.check_s = since(t);
   if (!r.strategy) {
     r.status = PlanStatus::Invalid;
     return r;
   }
-  return compile_checked(std::move(r), options, sources, diags);
+  return compile_checked(std::move(r), options, machine, diags);
 }
 
 PlanResult compile_plan(const std::string& model_path, const std::string& strategy_path, const PlanOptions& options,
                         SourceManager& sources, DiagnosticEngine& diags) {
-  auto t = Clock::now();
-  FrontendResult f = run_frontend(model_path, strategy_path, with_region_costs(options), sources, diags);
   PlanResult r;
+  const auto machine = load_machine(options, sources, diags, r);
+  if (r.status != PlanStatus::Ok) return r;
+  auto t = Clock::now();
+  FrontendResult f = run_frontend(model_path, strategy_path, with_region_costs(options, machine), sources, diags);
   r.timings.check_s = since(t);
   r.manifest = std::move(f.manifest);
   r.strategy = std::move(f.strategy);
@@ -172,7 +188,7 @@ PlanResult compile_plan(const std::string& model_path, const std::string& strate
   r.status = f.status == FrontendStatus::Ok ? PlanStatus::Ok
            : f.status == FrontendStatus::IoError ? PlanStatus::IoError : PlanStatus::Invalid;
   if (r.status != PlanStatus::Ok) return r;
-  return compile_checked(std::move(r), options, sources, diags);
+  return compile_checked(std::move(r), options, machine, diags);
 }
 
 std::string render_errors(const PlanResult& r, const DiagnosticEngine& diags) {

@@ -21,6 +21,7 @@ namespace piper::sched {
 struct PlanOptions {
   CommandLine cmd;                      // --np, --set, --batch-size, search path
   std::string machine_path;             // costs from a machine description; empty: unit costs
+  std::string machine_text;             // the description itself, instead of reading machine_path (the profiler's)
   std::string cost_spec;                // unit costs, F=1,B=2,W=1,comm=0 (when no machine)
   std::optional<double> memory_budget;  // bytes per device; exceeding it is an error at the directive that decides
   bool verify_each = false;             // the DAG verifier after every lowering pass

@@ -25,31 +25,46 @@ struct TuneOptions {
   std::function<void(size_t done, size_t total)> progress;
 };
 
+// A parameter as the search sees it, from its declaration (`param mb = 8 in {1, 2, 4, 8};`).
+struct SearchParam {
+  std::string name;
+  std::vector<int64_t> values;  // its domain for this world (booleans 0/1); empty: kept at its default
+  bool boolean = false;         // a flag: written true/false, labelled by its name when set
+  bool sizes_mesh = false;      // a mesh axis is this parameter (`mesh pp = pp;`): the product is the world
+};
+
+struct Setting {
+  std::string name;
+  int64_t value = 0;
+  bool boolean = false;
+  int64_t plain = 0;  // its domain's first value
+  std::string text() const;  // "4", "true"
+};
+
 struct Candidate {
-  std::string strategy;                               // a library file name, e.g. "1f1b.piper"
-  std::vector<std::pair<std::string, int64_t>> sets;  // its parameters, in the file's order (flags 0/1)
+  std::string strategy;        // a library file name, e.g. "1f1b.piper"
+  std::vector<Setting> sets;   // its searched parameters, in the file's order
   bool recompute = false;                             // `recompute layers[*];` added: activations recomputed
   std::string rejected;                               // why not ("" when it is a valid plan)
   double step_time = 0;                               // simulated (seconds with a machine, else units)
   double bubble = 0;                                  // mean idle fraction of the ranks' compute streams
   int64_t peak_bytes = 0;                             // the fullest rank's predicted peak
+  uint64_t plan_hash = 0;                             // the compiled plan's identity (twins share it)
   std::string label() const;                          // "1f1b pp=2 mb=8", "+recompute" when set
 };
 
 struct TuneResult {
   std::vector<Candidate> ranked;    // valid plans, fastest first (ties: less memory, then label)
   std::vector<Candidate> rejected;  // in enumeration order
-  size_t twins = 0;  // plans dropped as a knob changed nothing (a balanced cut equal to the even one)
+  size_t twins = 0;  // dropped as a parameter changed nothing (a balanced cut equal to the even one)
   bool unit_costs = true;
   size_t plans() const { return ranked.size() + rejected.size() + twins; }
 };
 
-// The library's boolean knobs (`balance`, `stage_unit`): searched as 0/1, written as false/true.
-bool is_flag(const std::string& name);
-std::string param_text(const std::string& name, int64_t value);  // "4", "true"
-
-// The parameters a library file declares, with those of the files it uses (first declaration order).
-std::vector<std::string> strategy_params(const std::string& path, const std::vector<std::string>& search_path);
+// The parameters a library file declares, with those of the files it uses (first declaration order),
+// their domains evaluated for np ranks. piper-tune knows no parameter by name: what it searches is
+// what the files declare.
+std::vector<SearchParam> strategy_params(const std::string& path, const std::vector<std::string>& search_path, int64_t np);
 
 TuneResult tune(const Manifest& m, const TuneOptions& o);
 

@@ -6,7 +6,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 
 packages=(
-  g++ cmake ninja-build ccache pkg-config python3
+  g++ cmake ninja-build ccache pkg-config python3 universal-ctags
   antlr4 libantlr4-runtime-dev default-jre-headless
   libfmt-dev nlohmann-json3-dev libcli11-dev doctest-dev libzip-dev
   libtorch-dev python3-torch libopenblas0-pthread
@@ -26,7 +26,8 @@ fi
 if [ ! -f "$build/build.ninja" ]; then
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 fi
-# Quiet when up to date; the whole log only when something fails.
-if ! cmake --build "$build" -- -j"$(nproc)" >"$build/build.log" 2>&1; then
+# Quiet when up to date; progress now and then while building (a first build takes minutes); the
+# whole log only when something fails.
+if ! NINJA_STATUS="[%f/%t] " cmake --build "$build" -- -j"$(nproc)" 2>&1 | "$root/scripts/build_progress.sh" "$build/build.log"; then
   cat "$build/build.log"; echo "setup: build failed (log: $build/build.log)" >&2; exit 1
 fi

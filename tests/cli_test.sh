@@ -50,7 +50,7 @@ expect 1 "corrupt model.pt" -- "$check" "$tmp/corrupt.pt" "$root/strategies/dp.p
 contains err "cannot read as a model.pt archive" "corrupt archive message"
 
 expect 0 "--emit ast -o" -- "$check" "$gpt" "$root/strategies/gpipe.piper" --emit ast -o "$tmp/ast.piper"
-grep -q "^order fwd(0, 7) -> bwd(0, 0);" "$tmp/ast.piper" || { echo "FAIL: ast output"; fails=$((fails + 1)); }
+grep -q "^for i in 0..3 { order fwd(i, 7) -> bwd(i, 0); }" "$tmp/ast.piper" || { echo "FAIL: ast output"; fails=$((fails + 1)); }
 expect 0 "the emitted ast checks again" -- "$check" "$gpt" "$tmp/ast.piper"
 
 # The DAG: JSON with the documented fields, Graphviz, the pass list, printing after a pass.
@@ -85,6 +85,16 @@ contains out "<svg" "svg header"
 expect 0 "--simulate with a machine" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --simulate --machine "$root/machines/h100.json" --memory-budget 80GiB
 contains out "step time" "simulation totals"
 contains out "budget" "budget column"
+# A machine format stays that format with --simulate: the simulation's text goes elsewhere (stdout
+# with -o, else stderr), never into the JSON.
+expect 0 "--simulate --emit sim-json -o" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --simulate --emit sim-json -o "$tmp/sim.json"
+/usr/bin/python3 -c "import json,sys; assert 'step_time' in json.load(open(sys.argv[1]))" "$tmp/sim.json" ||
+  { echo "FAIL: --simulate --emit sim-json -o F: F is not the JSON:"; head -5 "$tmp/sim.json"; fails=$((fails + 1)); }
+contains out "step time" "the simulation's text on stdout beside -o"
+expect 0 "--simulate --emit sim-json" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --simulate --emit sim-json
+/usr/bin/python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$tmp/out" ||
+  { echo "FAIL: --simulate --emit sim-json: stdout is not the JSON"; fails=$((fails + 1)); }
+contains err "step time" "the simulation's text on stderr when the JSON is on stdout"
 expect 2 "bad --cost" -- "$check" "$gpt" "$root/strategies/dp.piper" --cost F=x
 expect 2 "bad --memory-budget" -- "$check" "$gpt" "$root/strategies/dp.piper" --simulate --memory-budget lots
 

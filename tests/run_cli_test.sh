@@ -57,6 +57,13 @@ expect 0 "step    2/2" "trains scheduled by a profiled machine" -- "$run" "$tmp/
 echo '{"flops": 1e9, "memory_bytes": 1, "memory_bandwidth": 1, "link": {"bandwidth": 1}, "update": [-1, 0]}' >"$tmp/bad.json"
 expect 1 "\"update\": expected [fixed s, s per parameter byte] (neither negative)" "a bad machine file" -- \
   "$run" "$tmp/m.pt" "$root/strategies/single.piper" --steps 1 --machine "$tmp/bad.json"
+# Under mpirun a rank's stdout is a pseudo-terminal whatever mpirun's own output is: a log written
+# through it must hold the step lines and no progress bar or terminal escape codes.
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 1 "$run" "$tmp/m.pt" "$root/strategies/single.piper" \
+  --steps 3 --threads 1 >"$tmp/mpirun.log" 2>&1
+if ! grep -q "step    3/3" "$tmp/mpirun.log" || grep -q $'\033' "$tmp/mpirun.log" || grep -qF '[####' "$tmp/mpirun.log"; then
+  echo "FAIL: a log of piper-run under mpirun has escape codes or no steps:"; cat -v "$tmp/mpirun.log"; fails=$((fails + 1))
+fi
 ls "$tmp" | grep -q tmp && { echo "FAIL: --profile left temporary files: $(ls "$tmp")"; fails=$((fails + 1)); }
 if ((fails)); then echo "run_cli_test: $fails failed"; exit 1; fi
 echo "run_cli_test: all passed"

@@ -6,10 +6,10 @@
 #include <fstream>
 #include <iostream>
 
-#include "runtime/model_zoo.h"
-#include "runtime/region_memory.h"
-#include "runtime/region_model.h"
-#include "runtime/region_model_impl.h"
+#include "runtime/model/model_zoo.h"
+#include "runtime/model/region_memory.h"
+#include "runtime/model/region_model.h"
+#include "runtime/model/region_model_impl.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"piper-model: build GPT and MoE models with their region manifest, or verify a model.pt"};

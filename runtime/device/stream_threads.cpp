@@ -1,0 +1,176 @@
+#include "runtime/device/stream_threads.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstdio>
+
+#include "runtime/device/memory_counter.h"
+
+namespace piper::runtime {
+
+StreamThreads::StreamThreads(const ir::Graph& g, const sched::ClassProgram& program,
+                             const std::vector<std::vector<ir::NodeId>>& preds, int rank, std::function<void(size_t)> thread_init)
+    : g_(g), program_(program), preds_(preds), rank_(rank), thread_init_(std::move(thread_init)), done_(g.nodes.size(), 0),
+      heads_(program.streams.size()) {
+  for (size_t s = 0; s < program_.streams.size(); ++s) threads_.emplace_back([this, s] { loop(s); });
+}
+
+StreamThreads::~StreamThreads() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+bool StreamThreads::ready(ir::NodeId v) const {
+  for (ir::NodeId u : preds_[static_cast<size_t>(v)])
+    if (!done_[static_cast<size_t>(u)]) return false;
+  return true;
+}
+
+std::string StreamThreads::run(int64_t step, const RunOp& op, const OnFailure& on_failure, std::vector<OpSpan>* spans) {
+  std::unique_lock lk(mu_);
+  std::fill(done_.begin(), done_.end(), 0);
+  failure_.clear();
+  finished_ = 0;
+  step_ = step;
+  op_ = &op;
+  on_failure_ = &on_failure;
+  spans_ = spans;
+  t0_ = std::chrono::steady_clock::now();
+  for (auto& h : heads_) h = Head{-1, false, t0_};
+  ++generation_;
+  cv_.notify_all();
+  // The watchdog: this thread wakes every second while the streams work.
+  while (!cv_.wait_for(lk, std::chrono::seconds(1), [&] { return finished_ == threads_.size(); })) {
+    if (op_timeout_ <= 0 || !failure_.empty()) continue;
+    const std::string report = stuck_report(std::chrono::steady_clock::now());
+    if (report.empty()) continue;
+    failure_ = report;
+    cv_.notify_all();
+    lk.unlock();
+    // Peers stuck with this rank time out within a second or two: let them print their streams
+    // before the job ends, so the output shows every rank's.
+    std::fprintf(stderr, "%s\n", report.c_str());
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    try {
+      on_failure(fmt::format("rank {}, step {}: an op exceeded --op-timeout {} s (streams above)", rank_, step, op_timeout_));
+    } catch (const std::exception&) {
+    }
+    lk.lock();
+    cv_.wait(lk, [&] { return finished_ == threads_.size(); });  // reached only where on_failure returns (tests)
+  }
+  return failure_;
+}
+
+std::string StreamThreads::stuck_report(std::chrono::steady_clock::time_point now) const {
+  auto secs = [&](const Head& h) { return std::chrono::duration<double>(now - h.since).count(); };
+  bool stuck = false;
+  for (const Head& h : heads_) stuck |= h.op >= 0 && secs(h) > op_timeout_;
+  if (!stuck) return "";
+  std::string out = fmt::format("rank {}, step {}: watchdog: an op ran or waited longer than --op-timeout {} s; its streams:", rank_,
+                                step_, op_timeout_);
+  for (size_t s = 0; s < heads_.size(); ++s) {
+    const Head& h = heads_[s];
+    std::string what;
+    if (h.op < 0) {
+      what = "finished the step";
+    } else if (h.running) {
+      what = fmt::format("running {} for {:.1f} s", ir::token(g_.nodes[static_cast<size_t>(h.op)]), secs(h));
+    } else {
+      std::vector<std::string> waits;
+      for (ir::NodeId u : preds_[static_cast<size_t>(h.op)])
+        if (!done_[static_cast<size_t>(u)]) waits.push_back(ir::token(g_.nodes[static_cast<size_t>(u)]));
+      what = fmt::format("{} waits {:.1f} s for {}", ir::token(g_.nodes[static_cast<size_t>(h.op)]), secs(h),
+                         fmt::join(waits, ", "));
+    }
+    out += fmt::format("\n  rank {} | {:<10} | {}{}", rank_, g_.streams[program_.streams[s].stream], what,
+                       h.op >= 0 && secs(h) > op_timeout_ ? "   <-- STUCK" : "");
+  }
+  return out;
+}
+
+void StreamThreads::loop(size_t s) {
+  set_memory_rank(rank_);
+  if (thread_init_) thread_init_(s);
+  const sched::StreamProgram& prog = program_.streams[s];
+  const std::string stream = g_.streams[prog.stream];
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+    }
+    // Ops run in the program's order, except inside an overlap window (a `||` pair's pieces), where
+    // the first ready op of those not run yet goes next: while one task waits for its all-to-all
+    // or receive, the other computes.
+    std::vector<char> ran(prog.ops.size(), 0);
+    size_t next = 0;  // the first op not run yet
+    while (next < prog.ops.size()) {
+      ir::NodeId v = prog.ops[next];
+      size_t at = next;
+      {
+        std::unique_lock lk(mu_);
+        heads_[s] = Head{v, false, std::chrono::steady_clock::now()};
+        cv_.wait(lk, [&] {
+          if (!failure_.empty()) return true;
+          const int32_t w = prog.window.empty() || in_order_ ? -1 : prog.window[next];
+          for (size_t i = next; i < prog.ops.size() && (i == next || (w >= 0 && prog.window[i] == w)); ++i)
+            if (!ran[i] && ready(prog.ops[i])) {
+              at = i;
+              return true;
+            }
+          return false;
+        });
+        if (!failure_.empty()) break;
+        v = prog.ops[at];
+        heads_[s] = Head{v, true, std::chrono::steady_clock::now()};
+      }
+      const auto a = std::chrono::steady_clock::now();
+      std::string error;
+      try {
+        (*op_)(v);
+      } catch (const std::exception& e) {
+        const std::string oom = take_out_of_memory();  // the clean message, whatever wrapped it
+        error = oom.empty() ? e.what() : oom;
+      }
+      const auto b = std::chrono::steady_clock::now();
+      if (!error.empty()) {
+        std::string msg;
+        {
+          std::lock_guard lk(mu_);
+          if (failure_.empty())
+            failure_ = msg = fmt::format("rank {}, step {}, op {} on stream {}: {}", rank_, step_, ir::token(g_.nodes[static_cast<size_t>(v)]),
+                                         stream, error);
+        }
+        cv_.notify_all();
+        if (!msg.empty()) try {
+            (*on_failure_)(msg);  // ends the job: no peer may wait for this rank
+          } catch (const std::exception&) {
+          }
+        break;
+      }
+      std::lock_guard lk(mu_);
+      if (spans_)
+        spans_->push_back(OpSpan{ir::token(g_.nodes[static_cast<size_t>(v)]), stream,
+                                 std::chrono::duration<double>(a - t0_).count(), std::chrono::duration<double>(b - t0_).count(),
+                                 memory_stats(rank_).live});
+      done_[static_cast<size_t>(v)] = 1;
+      ran[at] = 1;
+      while (next < prog.ops.size() && ran[next]) ++next;
+      cv_.notify_all();
+    }
+    std::lock_guard lk(mu_);
+    heads_[s].op = -1;
+    ++finished_;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace piper::runtime

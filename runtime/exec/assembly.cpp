@@ -1,0 +1,114 @@
+// Model assembly: the model's regions into this rank's stages — each stage's dense parameters in
+// the plan's layout (tied copies made and named), its pieces' modules, its experts — and the
+// weights of regions this rank does not hold released.
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <set>
+
+#include "runtime/exec/executor_impl.h"
+#include "runtime/model/region_model_impl.h"
+
+namespace piper::runtime {
+
+void Executor::Impl::assemble_stages() {
+  auto& impl = model.impl();
+  const Manifest& m = plan.manifest;
+  auto region = [&](RegionId r) { return impl.region(m.regions[static_cast<size_t>(r)].name); };
+  std::set<std::string> kept;  // regions whose weights this rank keeps
+  std::set<int32_t> tied_here;  // ties a stage on this rank already holds
+  for (auto& [stage, sv] : view.stages) {
+    const ir::StageFacts& f = *sv.facts;
+    std::vector<torch::Tensor> dense, experts;
+    StageParams::Names dense_names, expert_names;
+    std::vector<size_t> copies;
+    for (const ir::ParamSlot& slot : f.dense) {
+      const ParamSpec& spec = m.regions[static_cast<size_t>(slot.region)].params[static_cast<size_t>(slot.index)];
+      torch::Tensor t = module_parameter(region(slot.region), spec.name);
+      std::string rname = m.regions[static_cast<size_t>(slot.region)].name, pname = spec.name;
+      if (const int32_t tie = m.tie_of(slot.region, slot.index); tie >= 0) {
+        // Another stage here holds the tensor: this one trains a copy of its own (its flat layout
+        // owns its storage), kept equal by ALLREDUCE_T. Checkpoints know it by the tie's first name.
+        if (!tied_here.insert(tie).second) {
+          torch::NoGradGuard no_grad;
+          t = t.detach().clone();
+          set_module_parameter(region(slot.region), spec.name, t);
+        }
+        const TiedParam& canon = m.ties[static_cast<size_t>(tie)].members.front();
+        if (canon.region != slot.region) copies.push_back(dense.size());
+        rname = m.regions[static_cast<size_t>(canon.region)].name;
+        pname = m.regions[static_cast<size_t>(canon.region)].params[static_cast<size_t>(canon.index)].name;
+      }
+      dense.push_back(t);
+      dense_names.emplace_back(rname, pname);
+    }
+    int64_t expert_replicas = 1;
+    std::vector<PieceModules> ps;
+    for (size_t j = 0; j < f.segments.size(); ++j) {
+      const ir::Segment& seg = f.segments[j];
+      PieceModules pm;
+      if (seg.sharded >= 0) {
+        const auto& ex = sv.experts.at(static_cast<int32_t>(j));
+        pm.expert = true;
+        for (int64_t e : ex.owned) {
+          const RegionId member = ex.shard->members[static_cast<size_t>(e)];
+          auto mod = region(member);
+          pm.experts.emplace_back(e, mod);
+          for (const auto& p : mod.named_parameters()) {
+            experts.push_back(p.value);
+            expert_names.emplace_back(m.regions[static_cast<size_t>(member)].name, p.name);
+          }
+          kept.insert(m.regions[static_cast<size_t>(member)].name);
+        }
+        expert_replicas = static_cast<int64_t>(ex.group.size());
+      } else {
+        for (RegionId r : seg.regions) {
+          const bool ends_moe = j + 1 < f.segments.size() && f.segments[j + 1].sharded >= 0 &&
+                                m.is_ancestor(r, f.segments[j + 1].sharded);
+          if (ends_moe) {
+            pm.moe_end = true;
+            pm.attn = region(child_of_kind(r, "attention"));
+            pm.router = region(child_of_kind(r, "router"));
+          } else {
+            pm.plain.push_back(region(r));
+          }
+        }
+      }
+      ps.push_back(std::move(pm));
+    }
+    for (const ir::ParamSlot& slot : f.dense) kept.insert(m.regions[static_cast<size_t>(slot.region)].name);
+    pieces[stage] = std::move(ps);
+    params[stage] = std::make_unique<StageParams>(sv, std::move(dense), std::move(experts), expert_replicas,
+                                                  OptimizerOptions{opt.optimizer, opt.lr}, comm, std::move(dense_names),
+                                                  std::move(expert_names));
+    if (!copies.empty()) params[stage]->mark_copies(copies);
+    if (queues)
+      params[stage]->set_before_release([this](const torch::Tensor& t) { queues->used_by_current_stream(t); });
+  }
+  // Weights of regions this rank does not hold are released: the archive is read whole (TorchScript
+  // has no partial load), but only the owned stages' weights (and experts) stay in memory.
+  for (size_t r = 1; r < m.regions.size(); ++r) {
+    if (kept.count(m.regions[r].name) || m.regions[r].params.empty()) continue;
+    auto mod = impl.region(m.regions[r].name);
+    for (const auto& spec : m.regions[r].params) set_module_parameter(mod, spec.name, torch::empty({0}));
+  }
+  // Weights of regions this rank does not hold are released: the archive is read whole (TorchScript
+  // has no partial load), but only the owned stages' weights (and experts) stay in memory.
+  for (size_t r = 1; r < m.regions.size(); ++r) {
+    if (kept.count(m.regions[r].name) || m.regions[r].params.empty()) continue;
+    auto mod = impl.region(m.regions[r].name);
+    for (const auto& spec : m.regions[r].params) set_module_parameter(mod, spec.name, torch::empty({0}));
+  }
+}
+
+// The child region of `under` with this kind (attention, router).
+RegionId Executor::Impl::child_of_kind(RegionId under, const std::string& kind) const {
+  const auto& m = plan.manifest;
+  for (size_t r = 0; r < m.regions.size(); ++r)
+    if (m.regions[r].kind == kind && m.is_ancestor(under, static_cast<RegionId>(r))) return static_cast<RegionId>(r);
+  throw std::runtime_error(fmt::format("expert parallelism: '{}' has no {} region (the runtime runs the zoo's "
+                                       "MoE contract, docs/models.md)",
+                                       m.regions[static_cast<size_t>(under)].name, kind));
+}
+
+}  // namespace piper::runtime

@@ -1,0 +1,205 @@
+#include "runtime/exec/executor.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <set>
+
+#include "runtime/device/device_memory.h"
+#include "runtime/exec/executor_impl.h"
+#include "runtime/model/region_model_impl.h"
+#include "runtime/view/device_streams.h"
+
+namespace piper::runtime {
+
+using ir::Node;
+using ir::NodeId;
+using ir::Op;
+
+namespace {
+// Plan tags stay below this; the runtime's own messages (the trace) use tags above it.
+constexpr int kPlanTagLimit = (1 << 30) - 1;
+
+torch::Device device_of(const std::string& name) {
+  try {
+    return torch::Device(name);
+  } catch (const std::exception&) {
+    throw std::runtime_error(fmt::format("--device '{}': expected cpu, cuda or cuda:N", name));
+  }
+}
+
+std::unique_ptr<DeviceQueues> make_queues(const sched::Plan& plan, const RankView& view, const ExecutorOptions& opt,
+                                          const torch::Device& dev) {
+  const std::string on = !opt.stream_device.empty() ? opt.stream_device : dev.is_cpu() ? "" : opt.device;
+  if (on.empty()) return nullptr;
+  return std::make_unique<DeviceQueues>(on, plan_device_streams(plan, view), plan.dag.nodes.size());
+}
+}  // namespace
+
+std::vector<int> everyone(const Communicator& comm) {
+  std::vector<int> all(static_cast<size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r) all[static_cast<size_t>(r)] = r;
+  return all;
+}
+
+Executor::Impl::Impl(const sched::Plan& p, const std::string& path, const TokenData& d, Communicator& c, ExecutorOptions o)
+    : plan(p), g(p.dag), data(d), opt(std::move(o)), model(path),
+      view(make_rank_view(p, c.rank(), c.size(), std::min(c.max_tag(), kPlanTagLimit))), dev(device_of(opt.device)),
+      queues(make_queues(p, view, opt, dev)), synced(queues ? make_device_synced_communicator(c, *queues) : nullptr),
+      comm(synced ? *synced : c), model_path(path) {}
+
+void Executor::Impl::setup() {
+  set_memory_rank(comm.rank());
+  plain_interpreter();
+  auto& impl = model.impl();
+  // The whole model moves before the stages take their weights (their flat buffers follow the
+  // weights' device); the regions this rank does not hold are released there as here.
+  if (!dev.is_cpu()) impl.root.to(dev);
+  // Training mode (dropout as the model says), with a per-rank seed: reproducible run to run under
+  // one strategy; masks differ between strategies, so they agree only where dropout is 0.
+  impl.root.train(true);
+  torch::manual_seed(opt.seed * 1000003ull + static_cast<uint64_t>(comm.rank()));
+  check_inputs();
+  assemble_stages();
+  for (const auto& [group, channel] : view.groups) comm.prepare_group(group, channel);
+  index_dataflow();
+  threads = std::make_unique<StreamThreads>(g, view.program(plan), view.local_preds, comm.rank(), [this](size_t k) {
+    plain_interpreter();
+    if (queues) queues->enter(k);
+  });
+  threads->set_op_timeout(opt.op_timeout);
+  threads->set_in_order(queues != nullptr);
+  // This thread filled the flat buffers on its own stream; the op streams do not wait for it.
+  if (queues) queues->synchronize_current();
+  fault = parse_fault(std::getenv("PIPER_FAULT"));
+}
+
+// The run's sequence length, data and batch against the model and the plan, before anything is built.
+void Executor::Impl::check_inputs() {
+  auto& impl = model.impl();
+  seq = model_seq = impl.seq_len;
+  if (opt.seq_len > 0) {
+    if (opt.seq_len > seq)
+      throw std::runtime_error(fmt::format("--seq-len {} is longer than the model's sequence length {}", opt.seq_len, seq));
+    seq = opt.seq_len;
+  }
+  // A token past the model's vocabulary would fail deep in an embedding: say so up front.
+  if (impl.vocab > 0 && data.vocab() > impl.vocab)
+    if (auto [t, at] = data.max_token(); t >= impl.vocab)
+      throw std::runtime_error(fmt::format("the data has token {} (at position {}) but the model's vocabulary is {}", t, at,
+                                           impl.vocab));
+  if (opt.global_batch % (view.replicas * view.microbatches) != 0)
+    throw std::runtime_error(fmt::format("--batch-size {} does not split into {} replicas × {} microbatches", opt.global_batch,
+                                         view.replicas, view.microbatches));
+}
+
+// Per node, its data predecessors on this rank and how many consumers its values have here.
+void Executor::Impl::index_dataflow() {
+  data_preds.assign(g.nodes.size(), {});
+  consumers.assign(g.nodes.size(), 0);
+  // BW reads neither its forward's outputs nor its BI's input gradients (it starts from what BI
+  // left in the graph), so those edges keep nothing alive; the memory model counts the same way.
+  auto unread_by_bw = [&](const ir::Edge& e) { return node(e.dst).op == Op::BW && (node(e.src).op == Op::F || node(e.src).op == Op::BI); };
+  for (const auto& e : g.edges)
+    if (e.kind == ir::EdgeKind::Data && view.mine(plan, e.src) && view.mine(plan, e.dst) && !unread_by_bw(e)) {
+      data_preds[static_cast<size_t>(e.dst)].push_back(e.src);
+      ++consumers[static_cast<size_t>(e.src)];
+    }
+  unread = std::make_unique<std::atomic<int>[]>(g.nodes.size());
+}
+
+StepResult Executor::Impl::step(int64_t s) {
+  StepResult res;
+  cur_step = s + 1;
+  auto t0 = std::chrono::steady_clock::now();
+  reset_memory_peak(comm.rank());
+  if (!dev.is_cpu()) reset_device_memory_peak(opt.device);
+  const int64_t per_replica = opt.global_batch / view.replicas;
+  {
+    MemScope scope(MemCategory::Activations);
+    auto batch = data.batch(opt.seed, static_cast<uint64_t>(s), opt.global_batch, view.replica * per_replica,
+                            per_replica, seq);
+    const torch::Tensor host = torch::from_blob(batch.data(), {per_replica, seq + 1}, torch::kLong);
+    tokens = dev.is_cpu() ? host.clone() : host.to(dev);
+  }
+  for (auto& [stage, sp] : params) sp->start_step();
+  if (queues) queues->synchronize_current();  // the zeroed gradients, before any op stream adds to them
+  pieces_io.clear();
+  for (size_t v = 0; v < g.nodes.size(); ++v)
+    if (view.mine(plan, static_cast<NodeId>(v)))
+      pieces_io[{node(NodeId(v)).stage, node(NodeId(v)).microbatch, node(NodeId(v)).segment}];
+  values.assign(g.nodes.size(), {});
+  losses.assign(g.nodes.size(), 0.0);
+  for (size_t v = 0; v < g.nodes.size(); ++v) unread[v] = consumers[v];
+  std::string failure = threads->run(s + 1, [this](NodeId v) { run(v); },
+                                     [this](const std::string& msg) { comm.abort(msg); }, &res.ops);
+  if (!failure.empty()) comm.abort(failure);
+  res.ops_began = std::chrono::duration<double>(threads->began().time_since_epoch()).count();
+  if (queues) queues->synchronize();  // the step ends when its kernels have, not its launches
+
+  // The loss lives on the last stage's ranks: sum it over everyone, average over replicas.
+  double loss = 0;
+  for (size_t v = 0; v < g.nodes.size(); ++v) {
+    const Node& n = node(NodeId(v));
+    if (n.op == Op::F && last_piece(n) && view.mine(plan, NodeId(v))) loss += losses[v];
+  }
+  comm.all_reduce_sum(&loss, 1, everyone(comm), kRuntimeChannel);
+  res.loss = loss / static_cast<double>(view.replicas);
+  values.assign(g.nodes.size(), {});
+  pieces_io.clear();
+  tokens = torch::Tensor();
+  res.memory = memory_stats(comm.rank());
+  if (!dev.is_cpu())  // the device's tensors: its allocator's figures, where this LibTorch gives them
+    if (auto m = device_memory_stats(opt.device)) res.memory = *m;
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+void set_intra_op_threads(int n) { torch::set_num_threads(n); }
+
+std::vector<std::string> Executor::unsupported(const sched::Plan& plan) {
+  std::set<std::string> out;
+  for (const Node& n : plan.dag.nodes)
+    if (n.op == Op::Broadcast) out.insert("broadcast");
+  for (const auto& st : plan.dag.facts.stages) {
+    // Expert pieces exchange fp32 tokens and gates; silently training them in fp32 would mislead.
+    if (st.precision != DType::F32 && !st.experts.empty()) out.insert("precision bf16 together with expert parallelism");
+    if (st.precision != DType::F32 && st.precision != DType::BF16) out.insert("precision other than fp32 and bf16");
+    if (st.precision != plan.dag.facts.stages.front().precision) out.insert("stages of different precisions");
+    const auto& rep = st.replication;
+    int64_t covered = 0;
+    for (const auto& b : rep.buckets) covered += b.size();
+    if (rep.axis >= 0 && covered != st.dense_elems) out.insert("replicating part of a stage");
+  }
+  return {out.begin(), out.end()};
+}
+
+Executor::Executor(const sched::Plan& plan, const std::string& model_path, const TokenData& data, Communicator& comm,
+                   ExecutorOptions options) {
+  auto missing = unsupported(plan);
+  if (!missing.empty())
+    throw std::runtime_error(fmt::format("this plan uses what the runtime does not execute yet: {}",
+                                         fmt::join(missing, ", ")));
+  impl_ = std::make_unique<Impl>(plan, model_path, data, comm, std::move(options));
+  impl_->setup();
+}
+
+Executor::~Executor() = default;
+
+StepResult Executor::step(int64_t step) { return impl_->step(step); }
+
+std::pair<double, double> Executor::param_checksum() {
+  double sums[2] = {0, 0};
+  for (auto& [stage, sp] : impl_->params) {
+    auto [s, q] = sp->checksum(impl_->view.replica == 0);
+    sums[0] += s;
+    sums[1] += q;
+  }
+  impl_->comm.all_reduce_sum(sums, 2, everyone(impl_->comm), kRuntimeChannel);
+  return {sums[0], sums[1]};
+}
+
+}  // namespace piper::runtime

@@ -1,0 +1,200 @@
+// The executor's ops: a piece's forward and backward, the messages and collectives around them.
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "runtime/device/memory_counter.h"
+#include "runtime/exec/executor_impl.h"
+#include "runtime/exec/experts.h"
+
+namespace piper::runtime {
+
+using ir::Node;
+using ir::NodeId;
+using ir::Op;
+
+// The predecessor that feeds `v` its activation (forward) or output gradient (backward).
+NodeId Executor::Impl::source(NodeId v, bool backward) const {
+  const Node& n = node(v);
+  for (NodeId u : data_preds[static_cast<size_t>(v)]) {
+    const Node& x = node(u);
+    const bool same_piece = x.stage == n.stage && x.segment == n.segment && x.microbatch == n.microbatch;
+    if (!backward) {
+      if ((x.op == Op::Recv && x.payload == ir::Payload::Act) || (x.op == Op::F && !same_piece) ||
+          (x.op == Op::AllToAll && !(x.flags & ir::kBackward)))
+        return u;
+    } else {
+      if ((x.op == Op::Recv && x.payload == ir::Payload::ActGrad) ||
+          ((x.op == Op::B || x.op == Op::BI) && !same_piece) || (x.op == Op::AllToAll && (x.flags & ir::kBackward)))
+        return u;
+    }
+  }
+  throw std::logic_error(fmt::format("no {} for {}", backward ? "output gradient" : "input", ir::token(n)));
+}
+
+std::vector<int64_t> Executor::Impl::per_sample_shape(RegionId region, bool input) const {
+  const auto& r = plan.manifest.regions[static_cast<size_t>(region)];
+  const auto& spec = input ? r.input : r.output;
+  if (!spec) throw std::runtime_error("the manifest has no activation shape for " + r.name);
+  // Per-sample shapes lead with the sequence when they have one: a shorter --seq-len shortens it.
+  std::vector<int64_t> s{view.samples_per_microbatch};
+  for (size_t i = 0; i < spec->shape.size(); ++i)
+    s.push_back(i == 0 && spec->shape[0] == model_seq ? seq : spec->shape[i]);
+  return s;
+}
+
+LossFn Executor::Impl::loss_for(const Node& n) {
+  if (!last_piece(n)) return {};
+  const int64_t mb = n.microbatch, per = view.samples_per_microbatch;
+  return [this, mb, per](const torch::Tensor& logits) {
+    auto targets = tokens.slice(0, mb * per, (mb + 1) * per).slice(1, 1);
+    // Each microbatch's mean (in fp32 whatever the compute precision), scaled so the microbatches
+    // sum to the batch mean.
+    const torch::Tensor l = logits.to(torch::kFloat);
+    return at::cross_entropy_loss(l.reshape({-1, l.size(-1)}), targets.reshape({-1})) / static_cast<double>(view.microbatches);
+  };
+}
+
+void Executor::Impl::forward(NodeId v) {
+  const Node& n = node(v);
+  PieceIO& io = io_of(n);
+  const PieceModules& pm = modules_of(n);
+  if (!pm.expert) {  // an expert piece's inputs were set by its dispatch
+    if (n.stage == 0 && n.segment <= 0) {
+      const int64_t per = view.samples_per_microbatch;
+      io.inputs = {tokens.slice(0, n.microbatch * per, (n.microbatch + 1) * per).slice(1, 0, seq)};
+    } else {
+      io.inputs = {values[static_cast<size_t>(source(v, false))].at(0).detach().requires_grad_(true)};
+    }
+  }
+  const LossFn loss = loss_for(n);
+  run_forward(pm, io, !(n.flags & ir::kRecompute), loss);
+  // Consumers get the outputs' data, not their graph: the graph is the piece's own, freed by its
+  // backward (half by BI), not whenever the last consumer of the values happens to run.
+  auto& out = values[static_cast<size_t>(v)];
+  out.clear();
+  for (const auto& t : io.outputs) out.push_back(t.detach());
+  if (loss) losses[static_cast<size_t>(v)] = io.outputs.at(0).item<double>();
+  if (n.flags & ir::kFreeParams) params_of(n).release_units(g.segment_of(n).dense);
+}
+
+void Executor::Impl::backward(NodeId v) {
+  const Node& n = node(v);
+  PieceIO& io = io_of(n);
+  const PieceModules& pm = modules_of(n);
+  std::vector<torch::Tensor> grads;
+  if (n.op != Op::BW && !last_piece(n)) {
+    const auto& from = values[static_cast<size_t>(source(v, true))];
+    if (pm.moe_end) grads = {io.grad_residual, from.at(0), from.at(1)};
+    else grads = {from.at(0)};
+  }
+  const ir::Range range = g.segment_of(n).dense;
+  StageParams& sp = params_of(n);
+  if (n.op != Op::BI) sp.begin_backward(range, n.microbatch);
+  run_backward(pm, io, n.op, std::move(grads), loss_for(n));
+  // The input gradients live as long as their consumers need them (values), not the whole step.
+  if (n.op != Op::BW) values[static_cast<size_t>(v)] = std::move(io.grad_inputs);
+  io.grad_inputs.clear();
+  if (n.op != Op::BI) sp.end_backward(range);
+  if (n.flags & ir::kFreeParams) sp.release_units(range);
+}
+
+void Executor::Impl::all_to_all(NodeId v) {
+  const Node& n = node(v);
+  ExpertExchange x{comm, view.stages.at(n.stage).experts.at(n.segment)};
+  PieceIO &router = io_at(n, static_cast<int16_t>(n.segment - 1)), &expert = io_of(n);
+  auto& out = values[static_cast<size_t>(v)];
+  const bool back = n.flags & ir::kBackward;
+  if (!back && n.payload == ir::Payload::Dispatch) {
+    x.dispatch(router, expert);
+    out = expert.inputs;
+  } else if (!back) {
+    out = {x.combine(router, expert)};
+  } else if (n.payload == ir::Payload::Combine) {
+    out = {x.combine_transpose(values[static_cast<size_t>(source(v, true))].at(0), router, expert)};
+  } else {
+    NodeId from = -1;  // the expert piece's input gradients
+    for (NodeId u : data_preds[static_cast<size_t>(v)])
+      if (node(u).op == Op::B || node(u).op == Op::BI) from = u;
+    out = x.dispatch_transpose(values[static_cast<size_t>(from)], router, expert);
+  }
+}
+
+void Executor::Impl::send(NodeId v) {
+  NodeId from = data_preds[static_cast<size_t>(v)].at(0);
+  torch::Tensor t = values[static_cast<size_t>(from)].at(0).detach().contiguous();
+  auto [peer, tag] = view.peers[static_cast<size_t>(v)];
+  comm.send(t.data_ptr(), static_cast<size_t>(t.nbytes()), peer, tag);
+}
+
+void Executor::Impl::recv(NodeId v) {
+  const Node& n = node(v);
+  // A received activation has the stage's input shape; a received gradient its output shape.
+  const auto& regions = g.stage(n.stage).regions;
+  const bool act = n.payload == ir::Payload::Act;
+  torch::Tensor buf;
+  {
+    MemScope scope(MemCategory::Activations);
+    const bool bf16 = g.stage(n.stage).precision == DType::BF16;
+    buf = torch::empty(per_sample_shape(act ? regions.front() : regions.back(), act), on_device(bf16 ? torch::kBFloat16 : torch::kFloat));
+  }
+  auto [peer, tag] = view.peers[static_cast<size_t>(v)];
+  comm.recv(buf.data_ptr(), static_cast<size_t>(buf.nbytes()), peer, tag);
+  values[static_cast<size_t>(v)] = {buf};
+}
+
+// ALLREDUCE_T: the copies of a tied parameter on this rank's stages summed, then with the ranks
+// at the other pipeline coordinates that hold copies; every copy gets the sum.
+void Executor::Impl::sum_tied(int32_t tie) {
+  const RankView::TieView& tv = view.ties.at(tie);
+  std::vector<torch::Tensor> grads;
+  for (int32_t s : tv.stages) grads.push_back(params.at(s)->tied_grad(tie));
+  torch::NoGradGuard no_grad;
+  for (size_t i = 1; i < grads.size(); ++i) grads[0].add_(grads[i]);
+  if (tv.group.size() > 1)
+    comm.all_reduce_sum(grads[0].data_ptr<float>(), static_cast<size_t>(grads[0].numel()), tv.group, kTieChannel);
+  for (size_t i = 1; i < grads.size(); ++i) grads[i].copy_(grads[0]);
+}
+
+// Runs an op, then lets go of what its predecessors produced once their last consumer ran, so
+// boundary activations and gradients live as long as they are needed, not the whole step.
+void Executor::Impl::run(NodeId v) {
+  if (fault && fault->hits(comm.rank(), cur_step, ir::token(node(v))) && fault->act(node(v).op == Op::Send)) return;
+  if (queues) queues->before(v);
+  run_op(v);
+  if (queues) {
+    // What another stream allocated stays allocated until this stream is past v.
+    const int k = queues->stream_of(v);
+    for (NodeId u : data_preds[static_cast<size_t>(v)])
+      if (queues->stream_of(u) != k)
+        for (const auto& t : values[static_cast<size_t>(u)]) queues->used_by_current_stream(t);
+    queues->after(v);
+  }
+  for (NodeId u : data_preds[static_cast<size_t>(v)])
+    if (--unread[static_cast<size_t>(u)] == 0) values[static_cast<size_t>(u)].clear();
+}
+
+void Executor::Impl::run_op(NodeId v) {
+  const Node& n = node(v);
+  switch (n.op) {
+    case Op::F: return forward(v);
+    case Op::B:
+    case Op::BI:
+    case Op::BW: return backward(v);
+    case Op::U: return params_of(n).update();
+    case Op::Send: return send(v);
+    case Op::Recv: return recv(v);
+    case Op::AllReduce:
+      if (n.payload == ir::Payload::Tied) return sum_tied(n.bucket);
+      return params_of(n).all_reduce(static_cast<size_t>(n.bucket));
+    case Op::ReduceScatter: return params_of(n).reduce_scatter(static_cast<size_t>(n.bucket), n.microbatch);
+    case Op::AllGather:
+      if (n.flags & ir::kMaterialize)
+        return params_of(n).gather_unit(static_cast<size_t>(n.bucket), consumers[static_cast<size_t>(v)]);
+      return params_of(n).all_gather(static_cast<size_t>(n.bucket));
+    case Op::AllToAll: return all_to_all(v);
+    case Op::Broadcast: break;
+  }
+  throw std::runtime_error(fmt::format("{} is not supported by the runtime yet", ir::op_name(n.op)));
+}
+
+}  // namespace piper::runtime

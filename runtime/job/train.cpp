@@ -1,0 +1,181 @@
+#include "runtime/job/train.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <array>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "lang/units.h"
+#include "runtime/exec/executor.h"
+#include "runtime/job/trace.h"
+#include "runtime/view/rank_view.h"
+#include "scheduler/plan.h"
+
+namespace piper::runtime {
+
+namespace {
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+std::vector<int> everyone(const Communicator& comm) {
+  std::vector<int> all(static_cast<size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r) all[static_cast<size_t>(r)] = r;
+  return all;
+}
+
+// The first rank whose plan hash differs from rank 0's (-1: all equal). Each rank fills its slot and a
+// sum shows everyone's.
+int first_mismatch(Communicator& comm, uint64_t hash) {
+  std::vector<double> h(static_cast<size_t>(comm.size()) * 2, 0.0);
+  h[static_cast<size_t>(comm.rank()) * 2] = static_cast<double>(hash >> 32);
+  h[static_cast<size_t>(comm.rank()) * 2 + 1] = static_cast<double>(hash & 0xffffffffu);
+  const auto all = everyone(comm);
+  comm.prepare_group(all, kHashChannel);
+  comm.all_reduce_sum(h.data(), h.size(), all, kHashChannel);
+  for (int r = 1; r < comm.size(); ++r)
+    if (h[static_cast<size_t>(r) * 2] != h[0] || h[static_cast<size_t>(r) * 2 + 1] != h[1]) return r;
+  return -1;
+}
+
+// Every rank's peak tensor bytes of the step, and its bytes by category at that moment (rank order).
+struct StepMemory {
+  std::vector<int64_t> peak;                                 // per rank
+  std::vector<std::array<int64_t, kMemCategories>> at_peak;  // per rank
+};
+StepMemory gather_memory(Communicator& comm, const MemoryStats& mine) {
+  const size_t w = static_cast<size_t>(comm.size()), row = 1 + kMemCategories;
+  std::vector<double> all(w * row, 0.0);
+  const size_t me = static_cast<size_t>(comm.rank()) * row;
+  all[me] = static_cast<double>(mine.peak);
+  for (size_t c = 0; c < static_cast<size_t>(kMemCategories); ++c) all[me + 1 + c] = static_cast<double>(mine.at_peak[c]);
+  comm.all_reduce_sum(all.data(), all.size(), everyone(comm), kHashChannel);
+  StepMemory out;
+  for (size_t r = 0; r < w; ++r) {
+    out.peak.push_back(static_cast<int64_t>(all[r * row]));
+    std::array<int64_t, kMemCategories> cats{};
+    for (size_t c = 0; c < static_cast<size_t>(kMemCategories); ++c) cats[c] = static_cast<int64_t>(all[r * row + 1 + c]);
+    out.at_peak.push_back(cats);
+  }
+  return out;
+}
+
+// Rank 0's account of each step: a line on stdout (and a progress bar on a terminal), a JSON line in
+// the metrics file.
+class StepReporter {
+ public:
+  StepReporter(const TrainOptions& o, int64_t tokens_per_step) : o_(o), tokens_(tokens_per_step) {
+    if (!o.metrics_path.empty()) metrics_.open(o.metrics_path);
+  }
+  void step(int64_t s, const StepResult& r, const StepMemory& mem) {
+    const double tps = double(tokens_) / r.seconds;
+    const size_t fullest = static_cast<size_t>(std::max_element(mem.peak.begin(), mem.peak.end()) - mem.peak.begin());
+    if (o_.progress) fmt::print("\r\033[K");  // replace the progress bar with the step's line
+    fmt::print("step {:>4}/{}  loss {:.6f}  {:>8.0f} tokens/s  {:.3f} s  tensors {} (rank {})  rss {}\n", s + 1, o_.steps, r.loss,
+               tps, r.seconds, human_bytes(double(mem.peak[fullest])), fullest, human_bytes(double(peak_rss_bytes())));
+    if (o_.progress && s + 1 < o_.steps) {
+      const auto done = static_cast<size_t>(40 * (s + 1) / o_.steps);
+      fmt::print("[{}{}] {}/{}", std::string(done, '#'), std::string(40 - done, '.'), s + 1, o_.steps);
+    }
+    std::fflush(stdout);
+    if (!metrics_.is_open()) return;
+    nlohmann::json by_category;
+    for (int c = 0; c < kMemCategories; ++c)
+      by_category[mem_category_name(static_cast<MemCategory>(c))] = mem.at_peak[fullest][static_cast<size_t>(c)];
+    metrics_ << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"tokens_per_s\":{:.1f},\"step_s\":{:.6f},"
+                            "\"peak_mem_bytes\":{},\"peak_tensor_bytes\":{},\"peak_tensor_bytes_by_rank\":[{}],"
+                            "\"peak_tensor_bytes_by_category\":{}}}\n",
+                            s + 1, r.loss, tps, r.seconds, peak_rss_bytes(), mem.peak[fullest], fmt::join(mem.peak, ","),
+                            by_category.dump())
+             << std::flush;
+  }
+  void finish(std::pair<double, double> checksum) {
+    if (metrics_.is_open())
+      metrics_ << fmt::format("{{\"final_param_sum\":{:.12g},\"final_param_sumsq\":{:.12g}}}\n", checksum.first, checksum.second);
+  }
+
+ private:
+  const TrainOptions& o_;
+  int64_t tokens_;
+  std::ofstream metrics_;
+};
+
+// The steps from `first` on, with checkpoints as asked; the spans for the trace when one is written.
+void run_steps(const TrainOptions& o, Executor& ex, Communicator& comm, int64_t first, int64_t seq) {
+  const bool lead = comm.rank() == 0;
+  std::optional<StepReporter> report;
+  if (lead) report.emplace(o, o.batch * seq);
+  std::vector<std::pair<int64_t, StepResult>> spans;
+  for (int64_t s = first; s < o.steps; ++s) {
+    StepResult r = ex.step(s);
+    const StepMemory mem = gather_memory(comm, r.memory);
+    if (lead) report->step(s, r, mem);
+    if (!o.trace_path.empty()) spans.emplace_back(s, std::move(r));
+    if (!o.checkpoint_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || s + 1 == o.steps)) {
+      const std::string at = ex.save_checkpoint(o.checkpoint_dir, s + 1, o.strategy);
+      if (lead) fmt::print("piper-run: checkpoint {}\n", at);
+    }
+  }
+  if (!o.save_model.empty()) {
+    ex.save_model(o.save_model);
+    if (lead) fmt::print("piper-run: wrote the trained model to {}\n", o.save_model);
+  }
+  if (!o.trace_path.empty()) write_trace(comm, spans, o.trace_path);
+  const auto checksum = ex.param_checksum();
+  if (lead) report->finish(checksum);
+}
+}  // namespace
+
+int train(const TrainOptions& o, Communicator& comm) {
+  const bool lead = comm.rank() == 0;
+  auto fail = [&](const std::string& msg) {
+    if (lead) fmt::print(stderr, "{}{}", msg, msg.ends_with('\n') ? "" : "\n");
+    return 1;
+  };
+  // Every rank compiles the same plan from the same inputs; a mismatch is refused below.
+  sched::PlanOptions opt;
+  opt.machine_path = o.machine_path;
+  opt.cmd.np = comm.size();
+  opt.cmd.sets = o.sets;
+  opt.cmd.batch_size = o.batch;
+  opt.cmd.search_path = o.include;
+  for (auto& d : default_search_path()) opt.cmd.search_path.push_back(d);
+  std::string errors;
+  auto plan = sched::compile_plan(o.model, o.strategy, opt, &errors);
+  if (!plan) return fail(errors);
+  if (auto missing = Executor::unsupported(*plan); !missing.empty())
+    return fail(fmt::format("piper-run: error: {} uses what the runtime does not execute yet: {} (piper-check can still "
+                            "check and simulate it)", o.strategy, fmt::join(missing, ", ")));
+  if (int r = first_mismatch(comm, plan->hash); r >= 0)
+    return fail(fmt::format("piper-run: error: rank {} compiled a different plan than rank 0 (different files or --set on "
+                            "different ranks?); refusing to start", r));
+  std::optional<double> limit;
+  if (!o.memory_limit.empty() && !(limit = parse_size(o.memory_limit)))
+    return fail(fmt::format("piper-run: error: --memory-limit: '{}' is not a size like 512MiB", o.memory_limit));
+  TokenData data(o.data_path);
+  set_intra_op_threads(o.threads);
+  Executor ex(*plan, o.model, data, comm, ExecutorOptions{o.batch, o.lr, o.optimizer, o.seed, o.seq_len, o.op_timeout, o.device});
+  const auto& first_region = plan->manifest.regions[static_cast<size_t>(plan->manifest.sequence.front())];
+  const int64_t seq = o.seq_len > 0 ? o.seq_len : first_region.input->shape[0];
+  if (lead)
+    fmt::print("piper-run: {} ranks, {} stages, {} microbatches of {} samples, {} threads per rank\n", comm.size(),
+               plan->dag.facts.stages.size(), plan->dag.facts.microbatches, plan->samples_per_microbatch(), o.threads);
+  int64_t first = 0;
+  if (!o.resume_dir.empty()) {
+    std::string note;
+    first = ex.load_checkpoint(o.resume_dir, &note);
+    if (lead) fmt::print("piper-run: {}\n", note);
+  }
+  if (limit) set_memory_limit(comm.rank(), static_cast<int64_t>(*limit));
+  run_steps(o, ex, comm, first, seq);
+  return 0;
+}
+
+}  // namespace piper::runtime

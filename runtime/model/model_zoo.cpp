@@ -1,0 +1,271 @@
+#include "runtime/model/model_zoo.h"
+#include "runtime/model/region_memory.h"
+#include "runtime/model/region_model.h"
+
+#include <fmt/format.h>
+#include <torch/script.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+namespace piper::runtime {
+
+using nlohmann::json;
+
+namespace {
+json param(const std::string& name, std::vector<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return json{{"name", name}, {"shape", shape}, {"dtype", "float32"}, {"bytes", n * 4}};
+}
+json act(std::vector<int64_t> shape, const char* dtype = "float32") { return json{{"shape", shape}, {"dtype", dtype}}; }
+int64_t linear_flops(int64_t t, int64_t in, int64_t out) { return 2 * t * in * out; }
+
+void check(const ModelConfig& c) {
+  if (c.arch != "gpt" && c.arch != "moe") throw std::runtime_error("unknown architecture '" + c.arch + "' (gpt or moe)");
+  if (c.layers < 1 || c.d_model < 1 || c.heads < 1 || c.ffn < 1 || c.vocab < 1 || c.seq < 1)
+    throw std::runtime_error("sizes must be positive");
+  if (c.d_model % c.heads != 0)
+    throw std::runtime_error(fmt::format("--d-model {} is not divisible by --heads {}", c.d_model, c.heads));
+  if (c.arch == "moe" && (c.experts < 1 || c.top_k < 1 || c.top_k > c.experts))
+    throw std::runtime_error(fmt::format("--top-k must be in 1..--experts ({}), got {}", c.experts, c.top_k));
+}
+}  // namespace
+
+std::string manifest_json(const ModelConfig& c) {
+  check(c);
+  const int64_t t = c.seq, d = c.d_model;
+  json regions = json::array();
+  regions.push_back({{"name", "embed"}, {"kind", "embedding"}, {"module", "embed"},
+                     {"params", {param("wte", {c.vocab, d}), param("wpe", {c.seq, d})}},
+                     {"input", act({c.seq}, "int64")}, {"output", act({c.seq, d})}, {"flops", 0}});
+  json seq = {"embed"};
+  for (int64_t i = 0; i < c.layers; ++i) {
+    std::string p = fmt::format("layers.{}", i), mod = fmt::format("layers_{}", i);
+    regions.push_back({{"name", p}, {"kind", "block"}, {"module", mod}, {"input", act({c.seq, d})}, {"output", act({c.seq, d})}});
+    regions.push_back({{"name", p + ".attn"}, {"kind", "attention"}, {"module", mod + ".attn"},
+                       {"params", {param("ln_1_weight", {d}), param("ln_1_bias", {d}), param("c_attn_weight", {3 * d, d}),
+                                   param("c_attn_bias", {3 * d}), param("c_proj_weight", {d, d}), param("c_proj_bias", {d})}},
+                       {"input", act({c.seq, d})}, {"output", act({c.seq, d})},
+                       {"flops", linear_flops(t, d, 3 * d) + linear_flops(t, d, d) + 4 * t * t * d}});
+    if (c.arch == "gpt") {
+      regions.push_back({{"name", p + ".mlp"}, {"kind", "mlp"}, {"module", mod + ".mlp"},
+                         {"params", {param("ln_2_weight", {d}), param("ln_2_bias", {d}), param("c_fc_weight", {c.ffn, d}),
+                                     param("c_fc_bias", {c.ffn}), param("c_proj_weight", {d, c.ffn}), param("c_proj_bias", {d})}},
+                         {"input", act({c.seq, d})}, {"output", act({c.seq, d})},
+                         {"flops", linear_flops(t, d, c.ffn) + linear_flops(t, c.ffn, d)}});
+    } else {
+      regions.push_back({{"name", p + ".moe.router"}, {"kind", "router"}, {"module", mod + ".moe.router"},
+                         {"params", {param("ln_2_weight", {d}), param("ln_2_bias", {d}), param("weight", {c.experts, d})}},
+                         {"input", act({c.seq, d})}, {"output", act({c.seq, c.experts})},
+                         {"flops", linear_flops(t, d, c.experts)}});
+      for (int64_t j = 0; j < c.experts; ++j)
+        regions.push_back({{"name", fmt::format("{}.moe.experts.{}", p, j)}, {"kind", "expert"},
+                           {"module", fmt::format("{}.moe.experts_{}", mod, j)},
+                           {"params", {param("c_fc_weight", {c.ffn, d}), param("c_fc_bias", {c.ffn}),
+                                       param("c_proj_weight", {d, c.ffn}), param("c_proj_bias", {d})}},
+                           // Per sample an expert sees on average top_k/experts of the tokens.
+                           {"input", act({c.seq, d})}, {"output", act({c.seq, d})},
+                           {"flops", (linear_flops(t, d, c.ffn) + linear_flops(t, c.ffn, d)) * c.top_k / c.experts}});
+    }
+    seq.push_back(p);
+  }
+  regions.push_back({{"name", "head"}, {"kind", "lm_head"}, {"module", "head"},
+                     {"params", {param("ln_f_weight", {d}), param("ln_f_bias", {d}), param("lm_head_weight", {c.vocab, d})}},
+                     {"input", act({c.seq, d})}, {"output", act({c.seq, c.vocab})}, {"flops", linear_flops(t, d, c.vocab)}});
+  seq.push_back("head");
+  json config = {{"layers", c.layers}, {"d_model", d}, {"heads", c.heads}, {"ffn", c.ffn}, {"vocab", c.vocab}, {"seq", c.seq}};
+  if (c.arch == "moe") config.update({{"experts", c.experts}, {"top_k", c.top_k}});
+  if (c.tie_embeddings) config["tie_embeddings"] = true;
+  json out{{"format", "piper-manifest"},
+              {"version", 1},
+              {"model", {{"name", c.name.empty() ? fmt::format("{}-{}L", c.arch, c.layers) : c.name}, {"arch", c.arch},
+                         {"config", config}}},
+              {"input", act({c.seq}, "int64")},
+              {"loss", "cross_entropy(head output [batch, seq, vocab], next tokens [batch, seq])"},
+              {"sequence", seq},
+              {"regions", regions}};
+  if (c.tie_embeddings) {
+    const json wte = {{"region", "embed"}, {"param", "wte"}}, proj = {{"region", "head"}, {"param", "lm_head_weight"}};
+    out["ties"] = json::array();
+    out["ties"].push_back(json::array({wte, proj}));
+  }
+  return out.dump(1) + "\n";
+}
+
+namespace {
+using torch::jit::Module;
+
+// Each region is a module of its own TorchScript class; mangling keeps the class names unique.
+Module make(const std::shared_ptr<torch::jit::CompilationUnit>& cu, const char* cls) {
+  return Module(c10::QualifiedName(std::string("__torch__.piper.") + cls), cu, /*shouldMangle=*/true);
+}
+
+// GPT-2 initialisation: N(0, 0.02) weights, zero biases, unit layer norms; residual projections
+// scaled by 1/sqrt(2 * layers).
+torch::Tensor normal(std::vector<int64_t> shape, double std) { return torch::randn(shape) * std; }
+
+// Parameters require grad, so that the saved model.pt trains in PyTorch as it loads.
+void add_params(Module& m, const std::vector<std::pair<std::string, torch::Tensor>>& params) {
+  for (const auto& [name, t] : params) m.register_parameter(name, t.detach().requires_grad_(true), false);
+}
+
+const char* kAttention = R"(
+def forward(self, x):
+    B = x.size(0)
+    T = x.size(1)
+    C = x.size(2)
+    h = torch.layer_norm(x, [C], self.ln_1_weight, self.ln_1_bias, 1e-5)
+    qkv = torch.linear(h, self.c_attn_weight, self.c_attn_bias)
+    q, k, v = qkv.split(C, 2)
+    hd = C // self.n_head
+    q = q.view(B, T, self.n_head, hd).transpose(1, 2)
+    k = k.view(B, T, self.n_head, hd).transpose(1, 2)
+    v = v.view(B, T, self.n_head, hd).transpose(1, 2)
+    att = torch.matmul(q, k.transpose(-2, -1)) * self.scale
+    causal = torch.tril(torch.ones(T, T, device=x.device)) == 0
+    att = torch.softmax(att.masked_fill(causal, -1e30), -1)
+    y = torch.matmul(att, v).transpose(1, 2).contiguous().view(B, T, C)
+    return x + torch.linear(y, self.c_proj_weight, self.c_proj_bias)
+)";
+
+const char* kMlp = R"(
+def forward(self, x):
+    h = torch.layer_norm(x, [x.size(2)], self.ln_2_weight, self.ln_2_bias, 1e-5)
+    return x + torch.linear(torch.gelu(torch.linear(h, self.c_fc_weight, self.c_fc_bias)), self.c_proj_weight, self.c_proj_bias)
+)";
+
+// An expert maps normalised hidden states to its output (no residual: the MoE block adds it).
+const char* kExpert = R"(
+def forward(self, h):
+    return torch.linear(torch.gelu(torch.linear(h, self.c_fc_weight, self.c_fc_bias)), self.c_proj_weight, self.c_proj_bias)
+)";
+
+// The router normalises the block input and returns it with each token's gate per expert:
+// softmax over experts, keep the top k, renormalise; unchosen experts get 0.
+const char* kRouter = R"(
+def forward(self, x):
+    h = torch.layer_norm(x, [x.size(2)], self.ln_2_weight, self.ln_2_bias, 1e-5)
+    probs = torch.softmax(torch.linear(h, self.weight), -1)
+    top = torch.topk(probs, self.top_k, -1)
+    kept = torch.zeros_like(probs).scatter(-1, top[1], top[0])
+    return h, kept / kept.sum(-1, keepdim=True)
+)";
+
+const char* kEmbed = R"(
+def forward(self, idx):
+    pos = torch.arange(idx.size(1), device=idx.device)
+    return torch.embedding(self.wte, idx) + torch.embedding(self.wpe, pos)
+)";
+
+const char* kHead = R"(
+def forward(self, x):
+    h = torch.layer_norm(x, [x.size(2)], self.ln_f_weight, self.ln_f_bias, 1e-5)
+    return torch.linear(h, self.lm_head_weight)
+)";
+}  // namespace
+
+namespace {
+// The TorchScript module of a configuration, weights initialised from the seed.
+Module build(const ModelConfig& c) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(c.seed);
+  auto cu = std::make_shared<torch::jit::CompilationUnit>();
+  const int64_t d = c.d_model;
+  const double resid = 0.02 / std::sqrt(2.0 * double(c.layers));
+
+  Module root = make(cu, "Model");
+  Module embed = make(cu, "Embed");
+  add_params(embed, {{"wte", normal({c.vocab, d}, 0.02)}, {"wpe", normal({c.seq, d}, 0.01)}});
+  embed.define(kEmbed);
+  root.register_module("embed", embed);
+
+  std::string body = "def forward(self, idx):\n    x = self.embed.forward(idx)\n";
+  for (int64_t i = 0; i < c.layers; ++i) {
+    Module block = make(cu, "Block");
+    Module attn = make(cu, "Attention");
+    add_params(attn, {{"ln_1_weight", torch::ones({d})}, {"ln_1_bias", torch::zeros({d})},
+                      {"c_attn_weight", normal({3 * d, d}, 0.02)}, {"c_attn_bias", torch::zeros({3 * d})},
+                      {"c_proj_weight", normal({d, d}, resid)}, {"c_proj_bias", torch::zeros({d})}});
+    attn.register_attribute("n_head", c10::IntType::get(), c10::IValue(c.heads));
+    attn.register_attribute("scale", c10::FloatType::get(), c10::IValue(1.0 / std::sqrt(double(d / c.heads))));
+    attn.define(kAttention);
+    block.register_module("attn", attn);
+    if (c.arch == "gpt") {
+      Module mlp = make(cu, "Mlp");
+      add_params(mlp, {{"ln_2_weight", torch::ones({d})}, {"ln_2_bias", torch::zeros({d})},
+                       {"c_fc_weight", normal({c.ffn, d}, 0.02)}, {"c_fc_bias", torch::zeros({c.ffn})},
+                       {"c_proj_weight", normal({d, c.ffn}, resid)}, {"c_proj_bias", torch::zeros({d})}});
+      mlp.define(kMlp);
+      block.register_module("mlp", mlp);
+      block.define("def forward(self, x):\n    return self.mlp.forward(self.attn.forward(x))\n");
+    } else {
+      Module moe = make(cu, "Moe");
+      Module router = make(cu, "Router");
+      add_params(router, {{"ln_2_weight", torch::ones({d})}, {"ln_2_bias", torch::zeros({d})},
+                          {"weight", normal({c.experts, d}, 0.02)}});
+      router.register_attribute("top_k", c10::IntType::get(), c10::IValue(c.top_k));
+      router.define(kRouter);
+      moe.register_module("router", router);
+      // Dense evaluation: every expert sees every token, weighted by its gate (0 if not chosen).
+      // Exactly the sparse top-k result; the runtime's expert parallelism dispatches instead.
+      std::string moe_body = "def forward(self, x):\n    h, gates = self.router.forward(x)\n    y = torch.zeros_like(h)\n";
+      for (int64_t j = 0; j < c.experts; ++j) {
+        Module expert = make(cu, "Expert");
+        add_params(expert, {{"c_fc_weight", normal({c.ffn, d}, 0.02)}, {"c_fc_bias", torch::zeros({c.ffn})},
+                            {"c_proj_weight", normal({d, c.ffn}, resid)}, {"c_proj_bias", torch::zeros({d})}});
+        expert.define(kExpert);
+        moe.register_module(fmt::format("experts_{}", j), expert);
+        moe_body += fmt::format("    y = y + gates[:, :, {}:{}] * self.experts_{}.forward(h)\n", j, j + 1, j);
+      }
+      moe_body += "    return x + y\n";
+      moe.define(moe_body);
+      block.register_module("moe", moe);
+      block.define("def forward(self, x):\n    return self.moe.forward(self.attn.forward(x))\n");
+    }
+    root.register_module(fmt::format("layers_{}", i), block);
+    body += fmt::format("    x = self.layers_{}.forward(x)\n", i);
+  }
+  Module head = make(cu, "Head");
+  add_params(head, {{"ln_f_weight", torch::ones({d})}, {"ln_f_bias", torch::zeros({d})}});
+  if (c.tie_embeddings)  // the very tensor, not a copy: TorchScript saves and loads it once
+    head.register_parameter("lm_head_weight", embed.attr("wte").toTensor(), false);
+  else
+    add_params(head, {{"lm_head_weight", normal({c.vocab, d}, 0.02)}});
+  head.define(kHead);
+  root.register_module("head", head);
+  body += "    return self.head.forward(x)\n";
+  root.define(body);
+  return root;
+}
+}  // namespace
+
+void save_model(const ModelConfig& c, const std::string& path) {
+  Module root = build(c);
+  root.save(path, {{"piper/manifest.json", manifest_json(c)}});
+  // Measure the regions' activation memory on the saved model, then save it again with the facts.
+  root.save(path, {{"piper/manifest.json", measure_manifest(path)}});
+}
+
+std::string measured_manifest_json(const ModelConfig& c) {
+  // A probe of the same shapes with one block measures what every block would.
+  ModelConfig probe = c;
+  probe.layers = 1;
+  const auto path = std::filesystem::temp_directory_path() / fmt::format("piper-probe-{}.pt", ::getpid());
+  build(probe).save(path.string(), {{"piper/manifest.json", manifest_json(probe)}});
+  std::string out;
+  try {
+    out = measure_manifest_like(path.string(), manifest_json(c));
+  } catch (...) {
+    std::filesystem::remove(path);
+    throw;
+  }
+  std::filesystem::remove(path);
+  return out;
+}
+
+}  // namespace piper::runtime

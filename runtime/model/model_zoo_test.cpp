@@ -1,0 +1,153 @@
+#include "runtime/model/model_zoo.h"
+
+#include <torch/script.h>  // before doctest: its CHECK must be the one in effect
+
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "runtime/model/region_model.h"
+
+using namespace piper::runtime;
+namespace fs = std::filesystem;
+
+namespace {
+std::string read(const std::string& p) {
+  std::ifstream in(p);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+// Equal, except that measured activation memory (the "memory" and "memory_bf16" records) may differ by
+// `tol` relatively or 8 KiB: which temporaries a kernel allocates depends on the processor (bf16
+// kernels most: 4,224 bytes more here than where the files were made). Everything else — regions,
+// shapes, parameters, FLOPs — must be identical.
+bool same_manifest(const nlohmann::json& a, const nlohmann::json& b, double tol, bool measured, std::string& where) {
+  if (measured && a.is_number() && b.is_number()) {
+    const double x = a.get<double>(), y = b.get<double>();
+    if (std::abs(x - y) <= std::max(tol * std::max(std::abs(x), std::abs(y)), 8192.0)) return true;
+    where += fmt::format(": {} against {}", x, y);
+    return false;
+  }
+  if (a.type() != b.type() || (!a.is_structured() && a != b) || a.size() != b.size()) {
+    where += fmt::format(": {} against {}", a.dump().substr(0, 80), b.dump().substr(0, 80));
+    return false;
+  }
+  if (a.is_object())
+    for (auto it = a.begin(); it != a.end(); ++it) {
+      if (!b.contains(it.key())) return where += "." + it.key() + " missing", false;
+      std::string at = where + "." + it.key();
+      if (!same_manifest(it.value(), b[it.key()], tol, measured || it.key().rfind("memory", 0) == 0, at)) return where = at, false;
+    }
+  if (a.is_array())
+    for (size_t i = 0; i < a.size(); ++i) {
+      std::string at = where + fmt::format("[{}]", i);
+      if (!same_manifest(a[i], b[i], tol, measured, at)) return where = at, false;
+    }
+  return true;
+}
+
+void check_in_sync(const ModelConfig& c, const std::string& file) {
+  std::string where = file;
+  CHECK_MESSAGE(same_manifest(nlohmann::json::parse(measured_manifest_json(c)),
+                              nlohmann::json::parse(read(std::string(PIPER_SOURCE_DIR) + "/tests/manifests/" + file)), 0.05, false,
+                              where),
+                where);
+}
+
+fs::path temp(const std::string& name) {
+  return fs::temp_directory_path() / ("piper-zoo-" + std::to_string(::getpid()) + "-" + name);
+}
+}  // namespace
+
+TEST_CASE("the example manifests are the zoo's (tests/manifests/regenerate.sh keeps them in sync)") {
+  ModelConfig gpt;
+  check_in_sync(gpt, "gpt8.json");
+  ModelConfig moe;
+  moe.arch = "moe";
+  check_in_sync(moe, "moe8.json");
+  ModelConfig tied;
+  tied.tie_embeddings = true;
+  check_in_sync(tied, "gpt8_tied.json");
+  // The comparison is not blind: a 10% memory change (of more than 8 KiB) or another region kind is
+  // caught, 2% is not.
+  nlohmann::json m = nlohmann::json::parse(read(std::string(PIPER_SOURCE_DIR) + "/tests/manifests/gpt8.json"));
+  std::string where;
+  CHECK(same_manifest(m, m, 0.05, false, where));
+  nlohmann::json other = m;
+  other["regions"][1]["memory"]["saved"][0] = m["regions"][1]["memory"]["saved"][0].get<double>() * 1.02;
+  CHECK(same_manifest(m, other, 0.05, false, where));
+  other["regions"][1]["memory"]["saved"][0] = m["regions"][1]["memory"]["saved"][0].get<double>() * 1.1;
+  CHECK(!same_manifest(m, other, 0.05, false, where));
+  other = m;
+  other["regions"][1]["kind"] = "mlp";
+  CHECK(!same_manifest(m, other, 0.05, false, where));
+}
+
+TEST_CASE("zoo models: regions chained equal the whole model, forward and gradients") {
+  for (const char* arch : {"gpt", "moe"}) {
+    CAPTURE(arch);
+    ModelConfig c;
+    c.arch = arch;
+    c.layers = 2;
+    c.d_model = 32;
+    c.ffn = 64;
+    c.seq = 16;
+    c.experts = 4;
+    auto p = temp(std::string(arch) + ".pt");
+    save_model(c, p.string());
+    RegionModel m(p.string());
+    CHECK(m.sequence() == std::vector<std::string>{"embed", "layers.0", "layers.1", "head"});
+    auto r = m.check_regions(2, 1);
+    CHECK(r.max_output_diff == 0);
+    CHECK(r.max_grad_diff == 0);
+    CHECK(r.loss == doctest::Approx(std::log(256.0)).epsilon(0.05));  // near-uniform at initialisation
+    fs::remove(p);
+  }
+}
+
+TEST_CASE("the same seed gives the same weights") {
+  ModelConfig c;
+  c.layers = 1;
+  auto a = temp("a.pt"), b = temp("b.pt");
+  save_model(c, a.string());
+  save_model(c, b.string());
+  CHECK(RegionModel(a.string()).check_regions(1, 0).loss == RegionModel(b.string()).check_regions(1, 0).loss);
+  c.seed = 1;
+  save_model(c, b.string());
+  CHECK(RegionModel(a.string()).check_regions(1, 0).loss != RegionModel(b.string()).check_regions(1, 0).loss);
+  fs::remove(a);
+  fs::remove(b);
+}
+
+TEST_CASE("a saved model's parameters require grad: it trains in PyTorch as it loads") {
+  ModelConfig c;
+  c.layers = 1;
+  auto a = temp("rg.pt");
+  save_model(c, a.string());
+  auto m = torch::jit::load(a.string());
+  int n = 0;
+  for (const auto& p : m.parameters()) {
+    CHECK(p.requires_grad());
+    ++n;
+  }
+  CHECK(n > 0);
+  fs::remove(a);
+}
+
+TEST_CASE("bad configurations and bad model files are clear errors") {
+  ModelConfig c;
+  c.heads = 5;
+  CHECK_THROWS_WITH_AS(manifest_json(c), doctest::Contains("not divisible by --heads 5"), std::runtime_error);
+  auto p = temp("corrupt.pt");
+  std::ofstream(p, std::ios::binary) << "PK\x03\x04 not really a zip";
+  CHECK_THROWS_WITH_AS(RegionModel(p.string()), doctest::Contains("not a loadable TorchScript model"), std::runtime_error);
+  fs::remove(p);
+}

@@ -1,0 +1,406 @@
+#include "runtime/profile/profiler.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "runtime/exec/chunk_runner.h"
+#include "runtime/exec/executor.h"
+#include "runtime/model/region_model.h"
+#include "runtime/model/region_model_impl.h"
+#include "runtime/exec/stage_params.h"
+#include "lang/frontend.h"
+
+namespace piper::runtime {
+
+namespace {
+using nlohmann::json;
+constexpr int kChannel = 7;  // the profiler's own sequence of collectives
+constexpr int kTag = 1 << 29;
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Least squares through (x, y): fixed + per * x, neither negative (noise can tilt a line fitted to
+// a near-proportional cost below the origin; then the line through the origin).
+std::pair<double, double> fit(const std::vector<double>& x, const std::vector<double>& y) {
+  const double n = static_cast<double>(x.size());
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sx += x[i];
+    sy += y[i];
+    sxx += x[i] * x[i];
+    sxy += x[i] * y[i];
+  }
+  const double d = n * sxx - sx * sx;
+  if (d <= 0) return {sy / n, 0};
+  const double per = (n * sxy - sx * sy) / d, fixed = (sy - per * sx) / n;
+  if (fixed < 0) return {0, sxx > 0 ? std::max(0.0, sxy / sxx) : 0};
+  if (per < 0) return {std::max(0.0, sy / n), 0};
+  return {fixed, per};
+}
+
+json line(std::pair<double, double> a) { return json::array({a.first, a.second}); }
+
+// The forward FLOPs per sample of each sequence region's subtree (the manifest's facts).
+std::vector<double> sequence_flops(const json& manifest, const std::vector<std::string>& sequence) {
+  std::vector<double> out;
+  for (const auto& name : sequence) {
+    double f = 0;
+    for (const auto& r : manifest["regions"]) {
+      const std::string rn = r.value("name", "");
+      if (rn == name || rn.starts_with(name + ".")) f += r.value("flops", 0.0);
+    }
+    out.push_back(f);
+  }
+  return out;
+}
+
+class Group {
+ public:
+  explicit Group(Communicator& c) : comm_(c) {
+    for (int r = 0; r < c.size(); ++r) everyone_.push_back(r);
+    comm_.prepare_group(everyone_, kChannel);
+  }
+  void barrier() {
+    double x = 0;
+    comm_.all_reduce_sum(&x, 1, everyone_, kChannel);
+  }
+  void sum(std::vector<double>& v) { comm_.all_reduce_sum(v.data(), v.size(), everyone_, kChannel); }
+  const std::vector<int>& everyone() const { return everyone_; }
+
+ private:
+  Communicator& comm_;
+  std::vector<int> everyone_;
+};
+
+// Every region's F, B, BI and BW seconds (medians), run as the executor runs pieces: each region a
+// piece of its own, chained, `inflight` microbatches forward before their backwards (so caches
+// hold what they would in a pipeline, not one region's working set), once with whole backwards and
+// once split into BI (all regions, last to first) then BW.
+std::vector<std::array<double, 4>> time_regions(const RegionModel::Impl& impl, int64_t samples, int64_t seq, int inflight,
+                                                int reps) {
+  const size_t n = impl.modules.size();
+  std::vector<PieceModules> pm(n);
+  for (size_t r = 0; r < n; ++r) pm[r].plain = {impl.modules[r]};
+  std::vector<std::array<std::vector<double>, 4>> t(n);
+  const int warmup = 1;
+  for (int i = 0; i < reps + warmup; ++i)
+    for (bool split : {false, true}) {
+      std::vector<std::vector<PieceIO>> io(static_cast<size_t>(inflight), std::vector<PieceIO>(n));
+      std::vector<torch::Tensor> targets;
+      for (auto& mb : io) {
+        targets.push_back(torch::randint(impl.vocab, {samples, seq}, torch::kLong));
+        const torch::Tensor& tg = targets.back();
+        torch::Tensor x = torch::randint(impl.vocab, {samples, seq}, torch::kLong);
+        for (size_t r = 0; r < n; ++r) {
+          mb[r].inputs = {r == 0 ? x : x.detach().requires_grad_(true)};
+          LossFn loss;
+          if (r + 1 == n)  // the executor's loss, in fp32
+            loss = [&tg](const torch::Tensor& logits) {
+              const torch::Tensor l = logits.to(torch::kFloat);
+              return at::cross_entropy_loss(l.reshape({-1, l.size(-1)}), tg.reshape({-1}));
+            };
+          const double t0 = now();
+          run_forward(pm[r], mb[r], true, loss);
+          if (i >= warmup && !split) t[r][0].push_back(now() - t0);
+          x = mb[r].outputs.at(0);
+        }
+      }
+      for (int m = inflight - 1; m >= 0; --m) {
+        auto& mb = io[static_cast<size_t>(m)];
+        const torch::Tensor& tg = targets[static_cast<size_t>(m)];
+        torch::Tensor g;  // the gradient flowing back into region r's output
+        for (size_t r = n; r-- > 0;) {
+          LossFn loss;
+          if (r + 1 == n)
+            loss = [&tg](const torch::Tensor& logits) {
+              const torch::Tensor l = logits.to(torch::kFloat);
+              return at::cross_entropy_loss(l.reshape({-1, l.size(-1)}), tg.reshape({-1}));
+            };
+          const double t0 = now();
+          run_backward(pm[r], mb[r], split ? ir::Op::BI : ir::Op::B, {g}, loss);
+          if (i >= warmup) t[r][split ? 2 : 1].push_back(now() - t0);
+          g = mb[r].grad_inputs.empty() ? torch::Tensor() : mb[r].grad_inputs.at(0);
+        }
+        if (split)
+          for (size_t r = n; r-- > 0;) {
+            const double t0 = now();
+            run_backward(pm[r], mb[r], ir::Op::BW, {}, LossFn{});
+            if (i >= warmup) t[r][3].push_back(now() - t0);
+          }
+      }
+    }
+  std::vector<std::array<double, 4>> out(n);
+  for (size_t r = 0; r < n; ++r)
+    for (size_t q = 0; q < 4; ++q) out[r][q] = median(t[r][q]);
+  return out;
+}
+
+double time_update(int64_t elems, const std::string& kind, int reps) {
+  FlatOptimizer opt(OptimizerOptions{.kind = kind});
+  torch::Tensor p = torch::zeros({elems}), g = torch::randn({elems}) * 1e-3;
+  opt.add(p, g);
+  std::vector<double> t;
+  torch::Tensor other = torch::zeros({16 << 20});  // 64 MiB: evicts the buffers, as a step's backward does
+  for (int i = 0; i < reps + 2; ++i) {
+    other.add_(1);
+    const double t0 = now();
+    opt.step();
+    if (i >= 2) t.push_back(now() - t0);
+  }
+  return median(t);
+}
+}  // namespace
+
+namespace {
+// What the profile measured, summed over ranks where every rank measures.
+struct Measured {
+  std::vector<double> compute;  // [region][samples][F, B, BI, BW], then the optimizer at two sizes
+  int64_t small = 0, big = 0;   // the optimizer's two sizes (elements)
+  std::vector<size_t> p2p_sizes{4 << 10, 256 << 10, 4 << 20}, ar_sizes{64 << 10, 1 << 20, 4 << 20};
+  std::vector<double> wire;     // one-way point-to-point, then all-reduce, seconds per size (rank 0's)
+};
+
+// Every region at each microbatch size and the optimizer over flat buffers at two sizes, averaged over ranks.
+void measure_compute(RegionModel::Impl& impl, int64_t seq, const ProfileOptions& o, Group& group, int ranks, Measured& m) {
+  const size_t n = impl.modules.size(), ns = o.samples.size();
+  int64_t param_elems = 0;
+  for (auto& mod : impl.modules)
+    for (auto p : mod.parameters()) {  // gradients exist up front, as the executor's flat views do
+      p.set_requires_grad(true);
+      p.mutable_grad() = torch::zeros_like(p);
+      param_elems += p.numel();
+    }
+  group.barrier();  // every rank starts measuring together: they share the machine
+  m.compute.assign(n * ns * 4, 0.0);
+  torch::manual_seed(1234);
+  for (size_t k = 0; k < ns; ++k) {
+    const auto t = time_regions(impl, o.samples[k], seq, o.inflight, o.reps);
+    for (size_t r = 0; r < n; ++r)
+      for (size_t q = 0; q < 4; ++q) m.compute[(r * ns + k) * 4 + q] = t[r][q];
+  }
+  m.small = std::max<int64_t>(param_elems, 1 << 20);
+  m.big = 4 * m.small;
+  m.compute.push_back(time_update(m.small, o.optimizer, o.reps));
+  m.compute.push_back(time_update(m.big, o.optimizer, o.reps));
+  group.sum(m.compute);
+  for (double& v : m.compute) v /= ranks;
+}
+
+// Communication, measured by rank 0 (with rank 1 for point-to-point) and shared by the sum.
+void measure_wire(Communicator& comm, const ProfileOptions& o, Group& group, Measured& m) {
+  m.wire.assign(m.p2p_sizes.size() + m.ar_sizes.size(), 0.0);
+  if (comm.size() >= 2) {
+    std::vector<char> buf(m.p2p_sizes.back());
+    for (size_t i = 0; i < m.p2p_sizes.size(); ++i) {
+      group.barrier();
+      std::vector<double> t;
+      for (int rep = 0; rep < o.reps + 2; ++rep) {
+        const double t0 = now();
+        if (comm.rank() == 0) {
+          comm.send(buf.data(), m.p2p_sizes[i], 1, kTag);
+          comm.recv(buf.data(), m.p2p_sizes[i], 1, kTag);
+        } else if (comm.rank() == 1) {
+          comm.recv(buf.data(), m.p2p_sizes[i], 0, kTag);
+          comm.send(buf.data(), m.p2p_sizes[i], 0, kTag);
+        }
+        if (rep >= 2) t.push_back((now() - t0) / 2);  // one way
+      }
+      if (comm.rank() == 0) m.wire[i] = median(t);
+    }
+    std::vector<float> data(m.ar_sizes.back() / sizeof(float), 1.0f);
+    for (size_t i = 0; i < m.ar_sizes.size(); ++i) {
+      std::vector<double> t;
+      for (int rep = 0; rep < o.reps + 2; ++rep) {
+        group.barrier();
+        const double t0 = now();
+        comm.all_reduce_sum(data.data(), m.ar_sizes[i] / sizeof(float), group.everyone(), kChannel);
+        if (rep >= 2) t.push_back(now() - t0);
+      }
+      if (comm.rank() == 0) m.wire[m.p2p_sizes.size() + i] = median(t);
+    }
+  }
+  group.sum(m.wire);
+}
+
+// The machine description: regions' lines, the optimizer, the links, and what it was measured on.
+json describe(const RegionModel::Impl& impl, const Measured& m, const std::string& model_path, int64_t seq, int ranks,
+              const ProfileOptions& o) {
+  const size_t n = impl.modules.size(), ns = o.samples.size();
+  std::vector<double> xs(o.samples.begin(), o.samples.end());
+  json regions = json::object();
+  const std::vector<double> flops = sequence_flops(json::parse(impl.manifest), impl.sequence);
+  double flop_sum = 0, f_time = 0;
+  for (size_t r = 0; r < n; ++r) {
+    json entry = json::object();
+    const char* names[4] = {"F", "B", "BI", "BW"};
+    for (size_t q = 0; q < 4; ++q) {
+      std::vector<double> ys;
+      for (size_t k = 0; k < ns; ++k) ys.push_back(m.compute[(r * ns + k) * 4 + q]);
+      entry[names[q]] = line(fit(xs, ys));
+    }
+    regions[impl.sequence[r]] = entry;
+    flop_sum += flops[r] * xs.back();
+    f_time += m.compute[(r * ns + ns - 1) * 4];
+  }
+  const double elem_bytes = sizeof(float);
+  const auto update = fit({double(m.small) * elem_bytes, double(m.big) * elem_bytes}, {m.compute[n * ns * 4], m.compute[n * ns * 4 + 1]});
+  json out;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  out["name"] = fmt::format("profiled on {}: {} ranks x {} threads", host, ranks, o.threads);
+  out["comment"] =
+      "Written by piper-run --profile: regions' chunk times in seconds per microbatch as [fixed, per sample], the "
+      "optimizer step as [fixed, per parameter byte]; links fitted to one-way point-to-point and to all-reduce times.";
+  out["profile"] = {{"model", model_path}, {"ranks", ranks}, {"threads", o.threads}, {"seq_len", seq},
+                    {"samples", o.samples}, {"reps", o.reps}, {"optimizer", o.optimizer}};
+  out["flops"] = f_time > 0 && flop_sum > 0 ? flop_sum / f_time : 1e9;  // for what is priced by FLOPs
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  out["memory_bytes"] = pages > 0 && page > 0 ? double(pages) * double(page) / ranks : 0.0;
+  out["memory_bandwidth"] = update.second > 0 ? 16.0 / update.second : 1e10;
+  out["update"] = line(update);
+  if (ranks >= 2) {
+    const auto np2p = static_cast<long>(m.p2p_sizes.size());
+    std::vector<double> px(m.p2p_sizes.begin(), m.p2p_sizes.end()), ax(m.ar_sizes.begin(), m.ar_sizes.end());
+    const auto p2p = fit(px, std::vector<double>(m.wire.begin(), m.wire.begin() + np2p));
+    const auto ar = fit(ax, std::vector<double>(m.wire.begin() + np2p, m.wire.end()));
+    const double k = ranks;
+    // Ring all-reduce: 2(k-1) latencies and 2(k-1)/k of the bytes over the link.
+    out["link"] = {{"bandwidth", p2p.second > 0 ? 1.0 / p2p.second : 1e12}, {"latency", std::max(0.0, p2p.first)}};
+    out["collectives"] = {{"bandwidth", ar.second > 0 ? 2 * (k - 1) / k / ar.second : 1e12},
+                          {"latency", std::max(0.0, ar.first / (2 * (k - 1)))}};
+  } else {
+    out["link"] = {{"bandwidth", 1e12}, {"latency", 0.0}};
+    out["comment"] = out["comment"].get<std::string>() + " One rank: nothing is communicated, so links were not measured.";
+  }
+  out["regions"] = regions;
+  return out;
+}
+}  // namespace
+
+std::string profile_machine(const std::string& model_path, Communicator& comm, const ProfileOptions& o) {
+  plain_interpreter();
+  RegionModel model(model_path);
+  auto& impl = model.impl();
+  const int64_t seq = o.seq_len > 0 ? std::min(o.seq_len, impl.seq_len) : impl.seq_len;
+  Group group(comm);
+  Measured m;
+  measure_compute(impl, seq, o, group, comm.size(), m);
+  measure_wire(comm, o, group, m);
+  if (comm.rank() != 0) return "";
+  return describe(impl, m, model_path, seq, comm.size(), o).dump(2) + "\n";
+}
+
+namespace {
+// Rank 0's text on every rank (the others pass anything): every rank then compiles the same plan.
+std::string from_rank0(Communicator& comm, std::string text) {
+  constexpr int kLenTag = kTag + 1, kDataTag = kTag + 2;
+  if (comm.rank() == 0) {
+    for (int r = 1; r < comm.size(); ++r) {
+      uint64_t len = text.size();
+      comm.send(&len, sizeof len, r, kLenTag);
+      comm.send(text.data(), text.size(), r, kDataTag);
+    }
+    return text;
+  }
+  uint64_t len = 0;
+  comm.recv(&len, sizeof len, 0, kLenTag);
+  std::string out(len, '\0');
+  comm.recv(out.data(), len, 0, kDataTag);
+  return out;
+}
+
+// A plan over every rank (4 microbatches of 2 samples each), priced by `machine`.
+sched::Plan calibration_plan(const std::string& model_path, const std::string& replicate, const std::string& machine, int ranks) {
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  auto model = load_model(model_path, sources, diags);
+  sched::PlanOptions po;
+  po.cmd.np = ranks;
+  po.cmd.batch_size = 8 * ranks;
+  po.machine_text = machine;
+  sched::PlanResult r;
+  if (model.manifest) {
+    const FileId id = sources.add("<calibration>", fmt::format("mesh dp = {};\nsplit batch into 4;\n{}\n", ranks, replicate));
+    r = sched::compile_plan(id, *model.manifest, po, sources, diags);
+  }
+  if (!r.plan) throw std::runtime_error("calibration plan: " + sched::render_errors(r, diags) + model.io_error);
+  return std::move(*r.plan);
+}
+}  // namespace
+
+std::string profile_and_calibrate(const std::string& model_path, const TokenData& data, Communicator& comm, const ProfileOptions& o) {
+  std::string machine = from_rank0(comm, profile_machine(model_path, comm, o));
+  // Compute: a data-parallel step on every rank, priced by what was just measured and then run.
+  machine = from_rank0(comm, calibrate_machine(machine, calibration_plan(model_path, "replicate * over dp;", machine, comm.size()),
+                                               model_path, data, comm, 4,
+                                               fmt::format("dp over {} ranks, 4 microbatches of 2 samples", comm.size())));
+  if (comm.size() < 2) return comm.rank() == 0 ? machine : "";
+  // Then the collectives as the executor issues them: ZeRO-3 gathers and reduce-scatters every layer
+  // of every microbatch, priced by the machine calibrated so far.
+  const auto zero3 = calibration_plan(model_path, "replicate * over dp zero 3 prefetch 0;", machine, comm.size());
+  return calibrate_machine(machine, zero3, model_path, data, comm, 4,
+                           fmt::format("ZeRO-3 over {} ranks, 4 microbatches of 2 samples", comm.size()), Calibrate::Collectives);
+}
+
+std::string calibrate_machine(const std::string& machine_json, const sched::Plan& plan, const std::string& model_path,
+                              const TokenData& data, Communicator& comm, int steps, const std::string& described,
+                              Calibrate what) {
+  const int64_t batch = plan.samples_per_microbatch() * plan.dag.facts.microbatches * plan.dag.facts.mesh.replicas(plan.dag.facts.pipeline_axis);
+  Executor ex(plan, model_path, data, comm, ExecutorOptions{.global_batch = batch});
+  // [F, B, U, collectives] x [measured, simulated], this rank's; then the number of collectives.
+  std::vector<double> t(9, 0.0);
+  auto slot = [](ir::Op op) -> int {
+    switch (op) {
+      case ir::Op::F: return 0;
+      case ir::Op::B:
+      case ir::Op::BI:
+      case ir::Op::BW: return 1;
+      case ir::Op::U: return 2;
+      case ir::Op::AllReduce:
+      case ir::Op::AllGather:
+      case ir::Op::ReduceScatter:
+      case ir::Op::AllToAll: return 3;
+      default: return -1;
+    }
+  };
+  const int32_t cls = plan.schedule.class_of_rank(comm.rank());
+  for (size_t v = 0; v < plan.dag.nodes.size(); ++v)
+    if (int k = slot(plan.dag.nodes[v].op); k >= 0 && plan.schedule.node_class[v] == cls) {
+      t[size_t(2 * k + 1)] += (steps - 1) * (plan.schedule.finish[v] - plan.schedule.start[v]);
+      if (k == 3) t[8] += steps - 1;
+    }
+  for (int s = 0; s < steps; ++s) {
+    const StepResult r = ex.step(s);
+    if (s == 0) continue;  // the first step allocates what the others reuse
+    for (const OpSpan& op : r.ops)
+      if (auto n = ir::parse_token(op.token))
+        if (int k = slot(n->op); k >= 0) t[size_t(2 * k)] += op.end - op.start;
+  }
+  Group group(comm);
+  group.sum(t);
+  if (comm.rank() != 0) return "";
+  json m = json::parse(machine_json);
+  auto ratio = [&](int k) { return t[size_t(2 * k + 1)] > 0 ? t[size_t(2 * k)] / t[size_t(2 * k + 1)] : 1.0; };
+  if (what == Calibrate::Compute) {
+    m["calibration"] = {{"F", ratio(0)}, {"B", ratio(1)}, {"U", ratio(2)}, {"measured_on", described}};
+  } else {
+    // The simulated collectives were priced with this machine's calibration so far (none added).
+    const double extra = t[8] > 0 ? std::max(0.0, (t[6] - t[7]) / t[8]) : 0.0;
+    m["calibration"]["collective"] = m["calibration"].value("collective", 0.0) + extra;
+    m["calibration"]["collective_measured_on"] = described;
+  }
+  return m.dump(2) + "\n";
+}
+
+}  // namespace piper::runtime

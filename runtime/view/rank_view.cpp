@@ -1,0 +1,132 @@
+#include "runtime/view/rank_view.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace piper::runtime {
+
+using ir::Node;
+using ir::NodeId;
+using ir::Op;
+
+int message_tag(const Node& n, const sched::Plan& p, int max_tag) {
+  const auto& f = p.dag.facts;
+  int64_t segments = 1;
+  for (const auto& st : f.stages) segments = std::max<int64_t>(segments, static_cast<int64_t>(st.segments.size()));
+  const int64_t stages = static_cast<int64_t>(f.stages.size()), mbs = std::max<int64_t>(1, f.microbatches);
+  const int64_t needed = 2 * segments * mbs * stages;  // tags 0 .. needed-1
+  if (needed - 1 > max_tag)
+    throw std::runtime_error(fmt::format("this plan needs {} message tags (2 directions × {} pieces × {} microbatches × {} "
+                                         "stages) but the communicator allows tags up to {}",
+                                         needed, segments, mbs, stages, max_tag));
+  const int64_t dir = n.payload == ir::Payload::Act ? 0 : 1, seg = n.segment < 0 ? 0 : n.segment;
+  return static_cast<int>(((dir * segments + seg) * mbs + n.microbatch) * stages + n.stage);
+}
+
+namespace {
+// Offsets (absolute, members + 1 of them) splitting a range among `ways` members.
+std::vector<int64_t> split(const ir::Range& r, int64_t ways) {
+  std::vector<int64_t> out;
+  for (int64_t j = 0; j <= ways; ++j) out.push_back(ir::Replication::shard_begin(r, ways, j));
+  return out;
+}
+}  // namespace
+
+RankView make_rank_view(const sched::Plan& p, int rank, int world, int max_tag) {
+  const auto& g = p.dag;
+  const auto& f = g.facts;
+  if (world != f.mesh.world())
+    throw std::runtime_error(fmt::format("the plan is for {} ranks but the world has {}", f.mesh.world(), world));
+  RankView v;
+  v.rank = rank;
+  v.cls = p.schedule.class_of_rank(rank);
+  if (v.cls < 0) throw std::runtime_error(fmt::format("rank {} has no program in this plan", rank));
+  const auto& my = p.schedule.classes[static_cast<size_t>(v.cls)].ranks;
+  v.position = static_cast<size_t>(std::find(my.begin(), my.end(), rank) - my.begin());
+  v.replicas = f.mesh.replicas(f.pipeline_axis);
+  v.replica = f.mesh.replica_of(rank, f.pipeline_axis);
+  v.samples_per_microbatch = f.samples_per_microbatch;
+  v.microbatches = f.microbatches;
+  v.last_stage = static_cast<int32_t>(f.stages.size()) - 1;
+
+  // The stages this rank holds: those with a chunk in its class.
+  for (size_t n = 0; n < g.nodes.size(); ++n) {
+    const Node& x = g.nodes[n];
+    if (!v.mine(p, static_cast<NodeId>(n)) || !ir::is_chunk(x.op) || v.stages.count(x.stage)) continue;
+    StageView sv;
+    sv.stage = x.stage;
+    sv.facts = &g.stage(x.stage);
+    const ir::Replication& rep = sv.facts->replication;
+    if (rep.axis >= 0) {
+      for (int32_t r : f.mesh.group_along(rank, rep.axis)) sv.dp_group.push_back(r);
+      sv.member = static_cast<size_t>(std::find(sv.dp_group.begin(), sv.dp_group.end(), rank) - sv.dp_group.begin());
+      // Every member's shard of each range its optimizer steps, from the plan's storage layout.
+      const ir::StageStorage& lay = sv.facts->storage;
+      std::vector<std::vector<int64_t>> stepped;
+      for (size_t k = 0; lay.zero > 0 && k < lay.members.front().stepped.size(); ++k) {
+        std::vector<int64_t> offsets;
+        for (const auto& m : lay.members) offsets.push_back(m.stepped[k].begin);
+        offsets.push_back(lay.members.back().stepped[k].end);
+        stepped.push_back(std::move(offsets));
+      }
+      if (lay.zero == 3) {
+        sv.unit_shards = stepped;  // ZeRO-3's buckets are its units, last first
+        sv.bucket_shards.assign(stepped.rbegin(), stepped.rend());
+      } else if (lay.zero > 0) {
+        sv.bucket_shards = std::move(stepped);
+      } else {
+        for (const auto& b : rep.buckets) sv.bucket_shards.push_back(split(b, rep.ways));
+      }
+      v.groups.insert({sv.dp_group, kReplicaChannel});
+    }
+    for (const auto& e : sv.facts->experts) {
+      StageView::Experts ex;
+      ex.shard = &e;
+      ex.owned = e.owned(f.mesh.coord(rank, e.axis));
+      for (int32_t r : f.mesh.group_along(rank, e.axis)) ex.group.push_back(r);
+      v.groups.insert({ex.group, kExpertChannel});
+      sv.experts[e.segment] = std::move(ex);
+    }
+    v.stages.emplace(x.stage, std::move(sv));
+  }
+  for (const ir::TieFacts& t : f.ties) {
+    RankView::TieView tv;
+    for (int32_t s : t.stages)
+      if (v.stages.count(s)) tv.stages.push_back(s);
+    if (tv.stages.empty()) continue;
+    const auto along = f.mesh.group_along(rank, f.pipeline_axis);
+    for (int64_t c : t.coords) tv.group.push_back(along.at(static_cast<size_t>(c)));
+    if (tv.group.size() > 1) v.groups.insert({tv.group, kTieChannel});
+    v.ties.emplace(t.tie, std::move(tv));
+  }
+  std::vector<int> everyone(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) everyone[static_cast<size_t>(r)] = r;
+  v.groups.insert({everyone, kRuntimeChannel});
+
+  // Each send pairs with the receive at the same position of the peer class; both ends compute the
+  // tag from the send node.
+  const auto& cls_of = p.schedule.node_class;
+  v.peers.assign(g.nodes.size(), {-1, -1});
+  for (const auto& e : g.edges) {
+    if (g.nodes[static_cast<size_t>(e.src)].op != Op::Send || g.nodes[static_cast<size_t>(e.dst)].op != Op::Recv) continue;
+    const auto& send_ranks = p.schedule.classes[static_cast<size_t>(cls_of[static_cast<size_t>(e.src)])].ranks;
+    const auto& recv_ranks = p.schedule.classes[static_cast<size_t>(cls_of[static_cast<size_t>(e.dst)])].ranks;
+    const int tag = message_tag(g.nodes[static_cast<size_t>(e.src)], p, max_tag);
+    if (cls_of[static_cast<size_t>(e.src)] == v.cls) v.peers[static_cast<size_t>(e.src)] = {recv_ranks.at(v.position), tag};
+    if (cls_of[static_cast<size_t>(e.dst)] == v.cls) v.peers[static_cast<size_t>(e.dst)] = {send_ranks.at(v.position), tag};
+  }
+  // Predecessors on this rank (cross-rank edges are send -> recv, which the communicator pairs),
+  // and the waits the schedule added (a just-in-time gather waits for the op before its consumer).
+  v.local_preds.assign(g.nodes.size(), {});
+  for (const auto& e : g.edges)
+    if (cls_of[static_cast<size_t>(e.src)] == v.cls && cls_of[static_cast<size_t>(e.dst)] == v.cls)
+      v.local_preds[static_cast<size_t>(e.dst)].push_back(e.src);
+  for (size_t n = 0; n < g.nodes.size(); ++n)
+    if (cls_of[n] == v.cls)
+      for (NodeId u : p.schedule.issue_after[n]) v.local_preds[n].push_back(u);
+  return v;
+}
+
+}  // namespace piper::runtime
