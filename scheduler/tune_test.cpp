@@ -2,7 +2,11 @@
 // plan it writes (which must check to the same prediction).
 #include "scheduler/tune.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -170,4 +174,28 @@ TEST_CASE("piper-tune varies ZeRO-3's units and prefetch: the least memory per l
   const TuneResult tight = tune(f.manifest, o);
   REQUIRE(tight.ranked.size() == 1);
   CHECK(tight.ranked.front().label() == "zero3 dp=2 ahead=0");
+}
+
+// piper-tune knows no parameter by name: a new declared domain in a strategy file is searched,
+// and a parameter without one keeps its default.
+TEST_CASE("a parameter a strategy file declares with values is searched, with no C++ change") {
+  Planner f("gpt8");
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("piper-tune-{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "mine.piper") << "param acc = 1 in {1, 2, 4};\nparam ways = 2 in divisors(world);\nparam fixed = 3;\n"
+                                       "mesh dp = ways;\nsplit batch into acc;\nreplicate * over dp;\n";
+  TuneOptions o = toy(2);
+  o.library = {"mine.piper"};
+  o.search_path = {dir.string(), PIPER_STRATEGY_DIR};
+  const TuneResult r = tune(f.manifest, o);
+  // acc over its list; ways over the divisors of 2 that make the mesh 2 ranks: only 2.
+  for (int acc : {1, 2, 4}) CHECK(find(r.ranked, fmt::format("mine acc={} ways=2", acc)));
+  CHECK(r.ranked.size() == 3);
+  CHECK(r.rejected.empty());
+  const auto params = strategy_params((dir / "mine.piper").string(), o.search_path, 2);
+  REQUIRE(params.size() == 3);
+  CHECK(params[0].values == std::vector<int64_t>{1, 2, 4});
+  CHECK(params[1].sizes_mesh);
+  CHECK(params[2].values.empty());  // no domain: not searched
+  std::filesystem::remove_all(dir);
 }
