@@ -1,4 +1,4 @@
-// Pass 1, build: the single-device DAG — per stage forward and backward chunks (one per piece) and
+// Pass 2, build: the single-device DAG — per stage forward and backward chunks (one per piece) and
 // an update, chained through the stages (forward down, loss at the end, backward up) — and each
 // stage's facts: its regions, its dense parameter layout, its replication (buckets and ZeRO-3
 // units), its expert lists' owners, and its pieces. A stage is cut into pieces around sharded expert
@@ -234,7 +234,7 @@ int64_t LowerContext::activation_bytes(const std::optional<TensorSpec>& t, DType
 
 void build_pass(LowerContext& c) {
   Graph& g = c.graph;
-  const auto& stages = c.strategy.stages;
+  const auto& stages = c.stages;
   const auto lists = sharded_lists(c.strategy);
   std::set<RegionId> sharded;
   for (const auto& [r, d] : lists) sharded.insert(r);

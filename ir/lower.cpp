@@ -16,13 +16,15 @@ struct Pass {
   bool p2p_invariant;  // after it, data edges between chunks never cross ranks (false only between place and p2p)
 };
 
-// The order matters: split copies what build made; place needs every chunk to exist; p2p needs
-// ranks; replicate and shard rewire edges that p2p may already have split; tie follows replicate,
-// whose reductions it waits for; storage lays out what replication decided (it adds no nodes);
-// order needs the final pieces of every task (and must see all
-// communication to find cycles through it); recompute only marks forwards, so it can come last.
+// The order matters: cut decides the stages build lays out; split copies what build made; place
+// needs every chunk to exist; p2p needs ranks; replicate and shard rewire edges that p2p may already
+// have split; tie follows replicate, whose reductions it waits for; storage lays out what
+// replication decided (it adds no nodes); order needs the final pieces of every task (and must see
+// all communication to find cycles through it); recompute only marks forwards, so it can come last.
 const std::vector<Pass>& passes() {
   static const std::vector<Pass> table = {
+      {{"cut", "stages of balanced placements cut again by measured region costs, when every region has one"},
+       cut_pass, true},
       {{"build", "single-device DAG: per stage F and B chunks (cut into pieces) and an update; stage facts"},
        build_pass, true},
       {{"split", "copy F/B per microbatch; split backwards into BI/BW where orders name them"}, split_pass, true},
@@ -71,7 +73,7 @@ const std::vector<PassInfo>& pass_list() {
 
 std::optional<Graph> lower(const CheckedStrategy& s, const Manifest& m, DiagnosticEngine& diags,
                            const LowerOptions& options) {
-  LowerContext c{s, m, diags, options, Graph{}};
+  LowerContext c{s, m, diags, options, Graph{}, s.stages};
   PlanFacts& f = c.graph.facts;
   f.mesh = s.mesh;
   f.pipeline_axis = s.pipeline_axis_index();

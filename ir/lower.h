@@ -1,6 +1,7 @@
 // Lowers a checked strategy onto the Global Training DAG: the ordered pipeline of graph rewrites.
 #pragma once
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,6 +28,9 @@ struct LowerOptions {
   // Past this many DAG nodes a plan is refused with a located error (lowering, scheduling and the
   // memory model cost ~4 µs a node: 200,000 answer within a second). Benchmarks lift it.
   size_t max_nodes = kMaxDagNodes;
+  // Measured seconds per region by name (a machine file's F + B at one sample): when every pipeline
+  // region has one, the cut pass cuts balanced placements by them instead of the checker's FLOPs.
+  std::map<std::string, double> region_costs;
 };
 
 // Returns nothing when the strategy cannot be lowered (a diagnostic says why, e.g. an order cycle).

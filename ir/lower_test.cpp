@@ -302,3 +302,35 @@ TEST_CASE("tied weights: copies replicated differently are the user's error, at 
                         "the first is replicated over 'dp' with zero(1) and stage 1 is replicated over 'dp'") != std::string::npos);
   CHECK(f.errors().find("<test>.piper:6:1: error:") != std::string::npos);
 }
+
+// The checker cuts a balanced placement by FLOPs; with a time for every region (a machine file's),
+// the cut pass cuts it again by those, and the facts hold the stages the plan runs.
+TEST_CASE("cut pass: balanced placements cut again by measured region costs") {
+  Front f;
+  const std::string text = "mesh pp = 3;\nplace embed on pp = 0;\nplace layers[*] over pp balanced;\nplace head on pp = 2;\n";
+  auto s = f.check(text);
+  REQUIRE_MESSAGE(s, f.errors());
+  auto stages = [&](const Graph& g) {
+    std::vector<std::string> out;
+    for (const auto& st : g.facts.stages) out.push_back(fmt::format("{}@{}", print_regions(st.regions, f.manifest), st.coord));
+    return out;
+  };
+  LowerOptions opt;
+  opt.verify_each = true;
+  auto by_flops = lower(*s, f.manifest, f.diags, opt);
+  REQUIRE(by_flops);
+  CHECK(stages(*by_flops) == std::vector<std::string>{"embed, layers[0..2]@0", "layers[3..5]@1", "layers[6..7], head@2"});
+  // A head as dear as three blocks leaves its stage one block (loads 3.1, 4, 4 against 4.1, 3, 4
+  // for the FLOPs cut).
+  for (RegionId r : f.manifest.sequence) opt.region_costs[f.manifest.regions[static_cast<size_t>(r)].name] = 1.0;
+  opt.region_costs["embed"] = 0.1;
+  opt.region_costs["head"] = 3.0;
+  auto measured = lower(*s, f.manifest, f.diags, opt);
+  REQUIRE(measured);
+  CHECK(stages(*measured) == std::vector<std::string>{"embed, layers[0..2]@0", "layers[3..6]@1", "layers[7], head@2"});
+  // A region without a time: the checker's cut stands (FLOPs and seconds do not mix).
+  opt.region_costs.erase("head");
+  auto partial = lower(*s, f.manifest, f.diags, opt);
+  REQUIRE(partial);
+  CHECK(stages(*partial) == stages(*by_flops));
+}

@@ -1,4 +1,4 @@
-// Pass 4, p2p: every data edge whose ends run on different ranks becomes send -> recv. Rank k of
+// Pass 5, p2p: every data edge whose ends run on different ranks becomes send -> recv. Rank k of
 // the sending stage pairs with rank k of the receiving one (same coordinates on the other axes).
 #include "ir/pass.h"
 #include "lang/internal_error.h"

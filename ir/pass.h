@@ -14,6 +14,7 @@ struct LowerContext {
   DiagnosticEngine& diags;
   const LowerOptions& options;
   Graph graph;
+  std::vector<Stage> stages;  // the checker's, until the cut pass cuts balanced placements by measured costs
   bool failed = false;  // a pass reported the user's error; lowering stops after it
 
   // One microbatch's worth; floating activations of a bf16 stage are bf16.
@@ -24,6 +25,7 @@ struct LowerContext {
 };
 
 // The passes, in the order ir::lower runs them (lower.cpp says why that order).
+void cut_pass(LowerContext& c);
 void build_pass(LowerContext& c);
 void split_pass(LowerContext& c);
 void place_pass(LowerContext& c);

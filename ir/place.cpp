@@ -1,4 +1,4 @@
-// Pass 3, place: every chunk gets the ranks that hold its stage (all coordinates of the other
+// Pass 4, place: every chunk gets the ranks that hold its stage (all coordinates of the other
 // mesh axes: replicas and shards run the same chunk) and its virtual-stage index.
 #include <fmt/format.h>
 

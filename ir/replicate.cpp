@@ -1,4 +1,4 @@
-// Pass 5, replicate: data parallelism as the stage facts decided it (build). The gradients of each
+// Pass 6, replicate: data parallelism as the stage facts decided it (build). The gradients of each
 // bucket are reduced over the replication axis before the update, starting as soon as the pieces
 // that produce them are done (buckets are whole pieces' regions, last regions first):
 //   zero 0: all-reduce after the last microbatch's backward of the bucket's piece;

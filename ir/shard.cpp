@@ -1,4 +1,4 @@
-// Pass 7, shard: expert parallelism. Each sharded list (a layer's experts) was cut into a piece of
+// Pass 8, shard: expert parallelism. Each sharded list (a layer's experts) was cut into a piece of
 // its own by build; now every microbatch's tokens reach it by an all-to-all dispatch and leave by
 // an all-to-all combine, in the forward and (mirrored) in the backward. Which rank holds which
 // members build recorded in the stage facts (contiguous blocks over the axis).

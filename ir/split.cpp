@@ -1,4 +1,4 @@
-// Pass 2, split: the forward/backward sub-DAG is copied once per microbatch (all copies feed the
+// Pass 3, split: the forward/backward sub-DAG is copied once per microbatch (all copies feed the
 // one update: gradients accumulate), then backwards that the strategy orders as bwd_input/bwd_weight
 // are split in two (zero-bubble).
 #include <set>

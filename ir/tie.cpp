@@ -1,4 +1,4 @@
-// Pass 6, tie: a tied parameter (one tensor under several regions, the manifest's `ties`) that lands
+// Pass 7, tie: a tied parameter (one tensor under several regions, the manifest's `ties`) that lands
 // in several stages has a copy in each. The copies stay equal because each is stepped with the same
 // gradient, the sum of all copies' gradients: per tie and pipeline coordinate holding copies, one
 // ALLREDUCE_T sums them — between stages on one rank locally, then with the ranks at the other

@@ -24,7 +24,6 @@ struct CheckOptions {
   std::vector<std::string> search_path; // where `use "x.piper"` looks after the using file's folder
   SourceLoc world_loc;                  // where --np was given, for notes
   int64_t max_steps = 2'000'000;        // statements and order instances evaluated, so nothing hangs
-  std::map<std::string, double> region_costs;  // measured, by region name, for `balanced` (else FLOPs)
 };
 
 // Checks the strategy in `file` (already added to `sources`). Returns nothing when any error was reported.

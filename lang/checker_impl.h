@@ -218,20 +218,6 @@ class Checker {
   std::vector<std::unique_ptr<ast::File>> owned_;
   // `place ... over AXIS balanced` (and `interleaved(v) balanced`, `vshape balanced`): cut into
   // chunks by cost once every placement is known.
-  struct Balanced {
-    size_t index;                   // the place directive's number (its stage groups)
-    std::vector<RegionId> regions;  // in sequence order
-    int64_t stages;                 // the axis size
-    int64_t parts;                  // chunks: stages, stages × v, or 2 × stages
-    PlaceDirective::Mode mode;
-    int64_t coord_of(int64_t k) const {  // the coordinate chunk k sits at, as the even modes place it
-      if (mode == PlaceDirective::Mode::Interleaved) return k % stages;
-      if (mode == PlaceDirective::Mode::VShape) return k < stages ? k : 2 * stages - 1 - k;
-      return k;
-    }
-  };
-  std::vector<Balanced> balanced_;
-  void cut_balanced();
   SourceLoc first_mesh_, first_place_, split_loc_, first_stmt_;
   size_t place_count_ = 0;
   int64_t steps_ = 0;

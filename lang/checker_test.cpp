@@ -51,16 +51,7 @@ TEST_CASE("balanced placement cuts by cost, unevenly where that evens the stages
   REQUIRE_MESSAGE(s, f.errors());
   CHECK(stage_text(*s, f.manifest) == std::vector<std::string>{"embed, layers[0..2]@0.0", "layers[3..5]@1.0",
                                                                "layers[6..7], head@2.0"});
-  // Measured costs, when every region has one: a head as dear as three blocks leaves its stage one
-  // block (loads 3.1, 4, 4 against 4.1, 3, 4 for the cut FLOPs would give).
-  CommandLine cmd;
-  for (RegionId r : f.manifest.sequence) cmd.region_costs[f.manifest.regions[static_cast<size_t>(r)].name] = 1.0;
-  cmd.region_costs["embed"] = 0.1;
-  cmd.region_costs["head"] = 3.0;
-  auto m = f.check(text, cmd);
-  REQUIRE_MESSAGE(m, f.errors());
-  CHECK(stage_text(*m, f.manifest) == std::vector<std::string>{"embed, layers[0..2]@0.0", "layers[3..6]@1.0",
-                                                               "layers[7], head@2.0"});
+  // Measured costs cut it again where lowering runs (ir/lower_test.cpp, the cut pass).
   // The checked strategy prints as it was written, and parses back to the same cut.
   CHECK(print_strategy(*s, f.manifest).find("place layers[*] over pp balanced;") != std::string::npos);
 }

@@ -151,7 +151,6 @@ void Checker::record_placement(const ast::PlaceStmt& p, const ast::Stmt& s, Plac
     }
     placed_[r] = pl;
   }
-  if (d.mode == PlaceDirective::Mode::Balanced || d.balanced) balanced_.push_back(Balanced{index, d.regions, n, groups, d.mode});
   out_.directives.push_back(Directive{s.loc, std::move(d), diags_.context()});
 }
 

@@ -52,7 +52,6 @@ std::optional<CheckedStrategy> check_text(FileId strategy, const Manifest& m, co
   opt.world = cmd.np;
   opt.batch_size = cmd.batch_size;
   opt.search_path = cmd.search_path;
-  opt.region_costs = cmd.region_costs;
   // Lay the settings out as text: `--np 4 --set pp=2 --set mb=8`.
   std::string text;
   std::vector<std::pair<size_t, std::string>> sets;

@@ -18,9 +18,6 @@ struct CommandLine {
   std::vector<std::string> sets;  // "NAME=VALUE"
   std::optional<int64_t> batch_size;
   std::vector<std::string> search_path;
-  // Measured cost of each region by name (a machine file's F + B at one sample): what `balanced`
-  // placement weighs when every region it compares has one; otherwise the manifest's FLOPs.
-  std::map<std::string, double> region_costs;
 };
 
 enum class FrontendStatus { Ok, Invalid, IoError };

@@ -1,5 +1,6 @@
 // Checks that need the whole strategy: the mesh against the world, stages, unused axes, the batch.
 #include "lang/checker_impl.h"
+#include "lang/placement.h"
 
 #include <cmath>
 
@@ -77,116 +78,9 @@ void Checker::finish_placement() {
         .note(SourceLoc{}, "once any region is placed, every pipeline region must be placed exactly once");
     return;
   }
-  cut_balanced();
-  // Walk the pipeline in order: a stage is a maximal run on one coordinate. Regions placed with
-  // `on` join their neighbours; `over` groups stay apart (a V's two halves on the last rank are two stages).
-  std::optional<std::pair<size_t, int64_t>> group;
-  for (RegionId r : m_.sequence) {
-    const Placed& p = placed_.at(r);
-    bool join = !out_.stages.empty() && out_.stages.back().coord == p.coord &&
-                (!p.group || !group || *p.group == *group);
-    if (!join) {
-      Stage st;
-      st.coord = p.coord;
-      out_.stages.push_back(std::move(st));
-      group.reset();
-    }
-    out_.stages.back().regions.push_back(r);
-    if (p.group) group = p.group;
-  }
-  std::map<int64_t, int64_t> per_coord;
-  for (Stage& st : out_.stages) st.chunk = per_coord[st.coord]++;
-}
-
-// A balanced placement cuts its regions into one contiguous run per coordinate so that the fullest
-// coordinate — its run plus what other directives placed there (the embedding, the head) — has
-// the least cost (measured F + B from a machine file, else forward FLOPs): the smallest bound T for which filling coordinates in order, each as far
-// as T allows while leaving one region for every later one, places everything (binary search on T;
-// greedy filling is optimal for contiguous runs).
-//
-// `interleaved(v) balanced` and `vshape balanced` cut stages × v (or 2 × stages) chunks the same way
-// and place chunk k where the even mode would. Chunks that share a coordinate run at different
-// times, so what other directives placed there counts with the chunk it adjoins in the sequence:
-// regions before the run (the embedding) with the first chunk, after it (the head) with the last.
-void Checker::cut_balanced() {
-  for (const Balanced& b : balanced_) {
-    const size_t n = static_cast<size_t>(b.parts), m = b.regions.size();
-    // Measured costs (nanoseconds) when every sequence region has one, else forward FLOPs.
-    bool measured = !opt_.region_costs.empty();
-    for (RegionId r : m_.sequence) measured = measured && opt_.region_costs.count(m_.regions[static_cast<size_t>(r)].name);
-    auto weight = [&](RegionId r) -> int64_t {
-      if (!measured) return m_.flops(r);
-      return static_cast<int64_t>(opt_.region_costs.at(m_.regions[static_cast<size_t>(r)].name) * 1e9);
-    };
-    std::vector<int64_t> fixed(n, 0), cost(m);
-    if (b.mode == PlaceDirective::Mode::Balanced) {
-      for (const auto& [r, p] : placed_)
-        if (p.coord >= 0 && static_cast<size_t>(p.coord) < n) fixed[static_cast<size_t>(p.coord)] += weight(r);
-    } else {
-      auto pos = [&](RegionId r) { return std::find(m_.sequence.begin(), m_.sequence.end(), r) - m_.sequence.begin(); };
-      const auto first = pos(b.regions.front()), last = pos(b.regions.back());
-      for (const auto& [r, p] : placed_) {
-        if (p.coord < 0) continue;
-        if (pos(r) < first && p.coord == b.coord_of(0)) fixed.front() += weight(r);
-        if (pos(r) > last && p.coord == b.coord_of(static_cast<int64_t>(n) - 1)) fixed.back() += weight(r);
-      }
-    }
-    int64_t hi = 0;
-    for (size_t i = 0; i < m; ++i) hi += cost[i] = std::max<int64_t>(weight(b.regions[i]), 1);
-    hi += *std::max_element(fixed.begin(), fixed.end());
-    // Where each coordinate's run starts, for bound T; empty when T is too small.
-    auto fill = [&](int64_t T) -> std::vector<size_t> {
-      std::vector<size_t> start(n);
-      size_t i = 0;
-      for (size_t c = 0; c < n; ++c) {
-        start[c] = i;
-        int64_t load = fixed[c] + cost[i++];
-        if (load > T) return {};
-        const size_t last = c + 1 == n ? m : m - (n - 1 - c);  // leave one for each later coordinate
-        while (i < last && load + cost[i] <= T) load += cost[i++];
-        if (c + 1 == n && i < m) return {};
-      }
-      return start;
-    };
-    int64_t lo = 0;
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (fill(mid).empty()) lo = mid + 1;
-      else hi = mid;
-    }
-    // The bound fixes the dearest chunk, not the others: filling each as far as it allows would
-    // crowd the first chunks and starve the last. Cut again under the bound, each chunk stopping
-    // nearest the even share of what remains, unless the rest would then not fit.
-    auto fits = [&](size_t c, size_t i) {  // regions i.. into chunks c.. under the bound
-      for (; c < n; ++c) {
-        if (i >= m) return false;
-        int64_t load = fixed[c] + cost[i++];
-        if (load > lo) return false;
-        const size_t last = c + 1 == n ? m : m - (n - 1 - c);
-        while (i < last && load + cost[i] <= lo) load += cost[i++];
-      }
-      return i == m;
-    };
-    std::vector<size_t> start(n);
-    for (size_t c = 0, i = 0; c < n; ++c) {
-      start[c] = i;
-      int64_t rest = 0;
-      for (size_t k = i; k < m; ++k) rest += cost[k];
-      for (size_t k = c; k < n; ++k) rest += fixed[k];
-      const double share = double(rest) / double(n - c);
-      int64_t load = fixed[c] + cost[i++];
-      const size_t last = c + 1 == n ? m : m - (n - 1 - c);
-      while (i < last && load + cost[i] <= lo &&
-             (!fits(c + 1, i) || std::abs(double(load + cost[i]) - share) < std::abs(double(load) - share)))
-        load += cost[i++];
-    }
-    for (size_t c = 0; c < n; ++c)
-      for (size_t i = start[c]; i < (c + 1 < n ? start[c + 1] : m); ++i) {
-        Placed& p = placed_.at(b.regions[i]);
-        p.coord = b.coord_of(static_cast<int64_t>(c));
-        p.group = std::make_pair(b.index, static_cast<int64_t>(c));
-      }
-  }
+  // Balanced placements are cut by FLOPs here, all the checks need; lowering cuts them again by
+  // measured costs when a machine file has them (ir/cut.cpp), with the same algorithm.
+  out_.stages = form_stages(m_.sequence, place_regions(out_.directives, out_.mesh, m_.sequence, [&](RegionId r) { return m_.flops(r); }));
 }
 
 void Checker::finish_axes() {

@@ -134,3 +134,24 @@ TEST_CASE("the calibrated collective time is added to every collective, not to p
   CHECK_FALSE(compile(h, "use \"1f1b_zero3.piper\";\n", with(R"(, "collective": -1)")).has_value());
   CHECK(h.errors().find("\"collective\" is the seconds added to each collective") != std::string::npos);
 }
+
+// The machine file reaches the balanced cut through the plan compiler (the cut pass), once parsed,
+// and the plan's strategy reports the stages it runs.
+TEST_CASE("a machine file's region times cut a balanced placement, and the plan reports the stages it runs") {
+  Planner f("gpt8");
+  // Every region alike but the head, as dear as three blocks: its stage keeps one block.
+  std::string m = profiled_machine();
+  const std::string head = R"("head": {"F": [0.001, 0.002], "B": [0.002, 0.004])";
+  m.replace(m.find(head), head.size(), R"("head": {"F": [0.003, 0.006], "B": [0.006, 0.012])");
+  const std::string text = "mesh pp = 3;\nplace embed on pp = 0;\nplace layers[*] over pp balanced;\nplace head on pp = 2;\n";
+  PlanOptions opt;
+  opt.cmd.batch_size = 8;
+  const auto by_flops = f.compile(text, opt);
+  opt.machine_text = m;
+  const auto measured = f.compile(text, opt);
+  REQUIRE((by_flops && measured));
+  auto last_stage = [](const Plan& p) { return p.dag.facts.stages.back().regions.size(); };
+  CHECK(last_stage(*by_flops) == 3);  // layers 6, 7 and the head
+  CHECK(last_stage(*measured) == 2);  // layer 7 and the head
+  CHECK(measured->strategy.stages.back().regions == measured->dag.facts.stages.back().regions);
+}

@@ -100,12 +100,22 @@ void check_budget(const Plan& p, double budget, DiagnosticEngine& diags) {
     for (const Note& n : culprit->used_from) d.notes.push_back(n);
 }
 
+// The machine's measured region costs for `balanced` placement (F + B at one sample), which the
+// lowering's cut pass weighs.
+std::map<std::string, double> region_costs(const std::optional<Machine>& machine) {
+  std::map<std::string, double> out;
+  if (machine)
+    for (const auto& [name, t] : machine->regions) out[name] = machine->calibration.F * t.F.at(1) + machine->calibration.B * t.B.at(1);
+  return out;
+}
+
 PlanResult compile_checked(PlanResult r, const PlanOptions& o, const std::optional<Machine>& machine, DiagnosticEngine& diags) {
   const CheckedStrategy& s = *r.strategy;
   ir::LowerOptions lo;
   lo.verify_each = o.verify_each;
   lo.after_pass = o.after_pass;
   lo.max_nodes = o.max_nodes;
+  lo.region_costs = region_costs(machine);
   if (o.cmd.batch_size) lo.samples_per_microbatch = std::max<int64_t>(1, s.samples_per_microbatch(*o.cmd.batch_size));
   auto t = Clock::now();
   auto g = ir::lower(s, *r.manifest, diags, lo);
@@ -133,6 +143,9 @@ PlanResult compile_checked(PlanResult r, const PlanOptions& o, const std::option
   // Moved, not copied: a pipeline's strategy holds one order record per task instance.
   Plan p{*r.manifest, std::move(*r.strategy), std::move(*g), std::move(*sch), *costs, {}, 0};
   r.strategy.reset();  // now plan->strategy
+  // What reports show is what runs: the stages as lowered (a balanced cut by measured costs).
+  p.strategy.stages.clear();
+  for (const auto& st : p.dag.facts.stages) p.strategy.stages.push_back(Stage{st.regions, st.coord, st.chunk});
   p.memory = memory_use(p.dag, p.schedule, p.manifest, MemoryOptions{o.optimizer == "adamw"});
   p.hash = plan_hash(p.dag, p.schedule);
   r.timings.schedule_s = since(t);
@@ -148,14 +161,6 @@ PlanResult compile_checked(PlanResult r, const PlanOptions& o, const std::option
   return r;
 }
 
-// The machine's measured region costs for `balanced` placement (F + B at one sample).
-CommandLine with_region_costs(const PlanOptions& o, const std::optional<Machine>& machine) {
-  CommandLine cmd = o.cmd;
-  if (machine)
-    for (const auto& [name, t] : machine->regions)
-      cmd.region_costs[name] = machine->calibration.F * t.F.at(1) + machine->calibration.B * t.B.at(1);
-  return cmd;
-}
 }  // namespace
 
 PlanResult compile_plan(FileId strategy, const Manifest& manifest, const PlanOptions& options, SourceManager& sources,
@@ -165,7 +170,7 @@ PlanResult compile_plan(FileId strategy, const Manifest& manifest, const PlanOpt
   const auto machine = load_machine(options, sources, diags, r);
   if (r.status != PlanStatus::Ok) return r;
   auto t = Clock::now();
-  r.strategy = check_text(strategy, manifest, with_region_costs(options, machine), sources, diags);
+  r.strategy = check_text(strategy, manifest, options.cmd, sources, diags);
   r.timings.check_s = since(t);
   if (!r.strategy) {
     r.status = PlanStatus::Invalid;
@@ -180,7 +185,7 @@ PlanResult compile_plan(const std::string& model_path, const std::string& strate
   const auto machine = load_machine(options, sources, diags, r);
   if (r.status != PlanStatus::Ok) return r;
   auto t = Clock::now();
-  FrontendResult f = run_frontend(model_path, strategy_path, with_region_costs(options, machine), sources, diags);
+  FrontendResult f = run_frontend(model_path, strategy_path, options.cmd, sources, diags);
   r.timings.check_s = since(t);
   r.manifest = std::move(f.manifest);
   r.strategy = std::move(f.strategy);

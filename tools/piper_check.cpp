@@ -125,7 +125,7 @@ std::optional<int> parse(int argc, char** argv, CheckArgs& a) {
 
 sched::PlanOptions plan_options(const CheckArgs& a) {
   sched::PlanOptions opt;
-  opt.cmd = CommandLine{a.np, a.sets, a.batch, a.include_dirs, {}};
+  opt.cmd = CommandLine{a.np, a.sets, a.batch, a.include_dirs};
   for (auto& d : default_search_path()) opt.cmd.search_path.push_back(d);
   opt.machine_path = a.machine_path;
   opt.cost_spec = a.cost_spec;
