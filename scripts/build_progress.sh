@@ -10,7 +10,7 @@ awk -v logfile="$log" '
   match($0, /^\[[0-9]+\/[0-9]+\] /) {
     split(substr($0, 2, RLENGTH - 3), n, "/")
     done = n[1] + 0; total = n[2] + 0
-    if (!started) { printf "setup: building %d steps (a first build takes several minutes; log: %s)\n", total, logfile; started = 1 }
+    if (!started) { printf "setup: building (a first build takes several minutes; log: %s)\n", logfile; started = 1 }
     tenth = int(10 * done / total)
     if (tenth > shown && done < total) { printf "setup: %d%% (%d/%d) %s\n", 10 * tenth, done, total, substr($0, RLENGTH + 1); shown = tenth }
     if (done == total && !finished) { printf "setup: built (%d steps)\n", total; finished = 1 }
