@@ -391,22 +391,21 @@ void StageParams::release_units(const ir::Range& range) {
 
 void StageParams::update() {
   torch::NoGradGuard no_grad;
-  const ir::Replication& rep = view_.facts->replication;
   const double ways = static_cast<double>(std::max<size_t>(1, view_.dp_group.size()));
-  if (rep.axis >= 0) {
-    if (rep.zero == 0) grad_.div_(ways);
+  if (view_.replicated()) {  // the replicas' sum, averaged
+    if (view_.zero() == 0) grad_.div_(ways);
     for (auto& g : shard_grad_) g.div_(ways);
   }
   if (expert_grad_.defined() && expert_replicas_ > 1) expert_grad_.div_(static_cast<double>(expert_replicas_));
   optimizer_.step();
-  if (bf16_ && (rep.axis < 0 || rep.zero == 0)) compute_.copy_(flat_);  // ZeRO-1/2: as each bucket is gathered
+  if (bf16_ && view_.zero() == 0) compute_.copy_(flat_);  // ZeRO-1/2: as each bucket is gathered
 }
 
 torch::Tensor StageParams::tied_grad(int32_t tie) {
   const ir::StageFacts& f = *view_.facts;
   const auto slot = std::find_if(f.tied.begin(), f.tied.end(), [&](const ir::TiedSlot& t) { return t.tie == tie; });
   if (slot == f.tied.end()) throw std::logic_error(fmt::format("stage {} holds no copy of tie {}", view_.stage, tie));
-  if (!view_.replicated() || view_.zero() == 0) return grad_.narrow(0, slot->range.begin, slot->range.size());
+  if (view_.zero() == 0) return grad_.narrow(0, slot->range.begin, slot->range.size());
   const auto& buckets = f.replication.buckets;
   const auto b = std::find(buckets.begin(), buckets.end(), slot->range);
   if (b == buckets.end()) throw std::logic_error(fmt::format("stage {}: tie {} is not a bucket of its own", view_.stage, tie));
@@ -435,13 +434,15 @@ std::pair<double, double> StageParams::checksum(bool owner_of_replicated) const 
       sumsq += (d * d).sum().item<double>();
     }
   };
+  // What this rank owns: its shards of the storage layout, or (ZeRO 0) everything on the owner.
   const ir::Replication& rep = view_.facts->replication;
-  if (rep.axis >= 0 && rep.zero == 3) {
+  const std::vector<ir::Range>& mine = view_.facts->storage.members[view_.member].stepped;
+  if (view_.zero() == 3) {
     for (size_t u = 0; u < shard_param_.size(); ++u)
       if (!is_copy(rep.units[u])) add(shard_param_[u]);
-  } else if (rep.axis >= 0 && rep.zero > 0) {
-    for (size_t b = 0; b < rep.buckets.size(); ++b)
-      if (!is_copy(rep.buckets[b])) add(flat_.narrow(0, view_.my_shard(b).begin, view_.my_shard(b).size()));
+  } else if (view_.zero() > 0) {
+    for (size_t b = 0; b < mine.size(); ++b)
+      if (!is_copy(rep.buckets[b])) add(flat_.narrow(0, mine[b].begin, mine[b].size()));
   } else if (owner_of_replicated && copy_.empty()) {
     add(flat_);
   } else if (owner_of_replicated) {
@@ -470,7 +471,7 @@ void StageParams::pieces(bool expert, int64_t at, const torch::Tensor& value, co
 
 std::vector<StatePiece> StageParams::saved_state(bool owner_of_replicated) const {
   std::vector<StatePiece> out;
-  const bool replicated_whole = !view_.replicated() || view_.zero() == 0;
+  const bool replicated_whole = view_.zero() == 0;
   const auto& slots = optimizer_.slots();
   for (size_t k = 0; k < slots.size(); ++k) {
     const auto [expert, at] = slot_at_[k];
@@ -485,7 +486,7 @@ std::vector<StatePiece> StageParams::loaded_state() {
   const auto& slots = optimizer_.slots();
   for (size_t k = 0; k < slots.size(); ++k)
     pieces(slot_at_[k].first, slot_at_[k].second, slots[k].param, slots[k].exp_avg, slots[k].exp_avg_sq, out);
-  if (view_.replicated() && (view_.zero() == 1 || view_.zero() == 2))  // the full parameters, beyond the shards
+  if (view_.zero() == 1 || view_.zero() == 2)  // the full parameters, beyond the shards
     pieces(false, 0, flat_, {}, {}, out);
   return out;
 }
