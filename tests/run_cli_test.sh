@@ -23,6 +23,10 @@ printf 'use "single.piper";\nprecision bf16;\n' >"$tmp/bf16.piper"
 expect 0 "step    1/1" "bf16 mixed precision trains" -- "$run" "$tmp/m.pt" "$tmp/bf16.piper" --steps 1 -I "$root/strategies"
 expect 1 "cannot open" "missing data file" -- "$run" "$tmp/m.pt" "$root/strategies/single.piper" --data "$tmp/none.txt"
 expect 0 "piper-run" "--version" -- "$run" --version
+expect 2 "they are AdamW's" "weight decay with SGD is refused" -- "$run" "$tmp/m.pt" "$root/strategies/single.piper" \
+  --optimizer sgd --weight-decay 0.1
+expect 0 "lr 0.000333" "the schedule's rate on the step line (warmup: 1e-3 * 1/3)" -- "$run" "$tmp/m.pt" \
+  "$root/strategies/single.piper" --steps 1 --threads 1 --warmup-steps 2 --lr-schedule cosine
 # --device cuda: Debian's LibTorch has no CUDA (a CUDA one without a GPU: the machine has none).
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   expect 1 "error: device 'cuda:0': this" "--device cuda says why it cannot run" -- \

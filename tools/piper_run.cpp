@@ -16,6 +16,7 @@
 #include "runtime/job/process_env.h"
 #include "runtime/job/train.h"
 #include "runtime/profile/profiler.h"
+#include "tools/recipe_options.h"
 
 using namespace piper;
 using namespace piper::runtime;
@@ -33,13 +34,14 @@ std::optional<int> parse(int argc, char** argv, RunArgs& a, bool lead) {
   CLI::App app{"piper-run: train MODEL with STRATEGY; under mpirun, one executor per rank"};
   app.set_version_flag("--version", std::string("piper-run ") + PIPER_VERSION);
   int64_t threads = 0;
+  std::vector<double> betas;
   app.add_option("MODEL", t.model, "model.pt with its region manifest")->required();
   app.add_option("STRATEGY", t.strategy, "strategy file (.piper); not with --profile");
   app.add_option("--steps", t.steps)->capture_default_str();
   app.add_option("--batch-size", t.batch, "global batch (samples per step, all replicas)")->capture_default_str();
   app.add_option("--seq-len", t.seq_len, "tokens per sample (default and maximum: the model's)");
-  app.add_option("--lr", t.lr)->capture_default_str();
   app.add_option("--optimizer", t.optimizer, "adamw | sgd")->check(CLI::IsMember({"adamw", "sgd"}))->capture_default_str();
+  add_recipe_options(app, t.lr, t.recipe, betas);
   app.add_option("--seed", t.seed, "data order seed")->capture_default_str();
   app.add_option("--data", t.data_path, "text file (byte tokens) or nanoGPT .bin")->capture_default_str();
   app.add_option("--set", t.sets, "override a strategy parameter: NAME=VALUE (repeatable)")->allow_extra_args(false);
@@ -79,6 +81,7 @@ std::optional<int> parse(int argc, char** argv, RunArgs& a, bool lead) {
   try {
     app.parse(argc, argv);
     if (t.strategy.empty() && a.profile_path.empty()) throw CLI::RequiredError("STRATEGY");
+    check_recipe(t.optimizer, t.recipe, betas);
   } catch (const CLI::ParseError& e) {
     const int rc = lead ? app.exit(e) : e.get_exit_code();
     return rc == 0 ? 0 : 2;

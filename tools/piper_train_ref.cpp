@@ -14,12 +14,14 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/model/data.h"
+#include "tools/recipe_options.h"
 
 namespace {
 struct RefArgs {
   std::string model_path, data_path, metrics_path, optimizer = "adamw", precision = "fp32";
   int64_t steps = 20, batch = 8, seq = 0, threads = 0;
   double lr = 1e-3;
+  piper::runtime::Recipe recipe;
   uint64_t seed = 0;
 };
 
@@ -30,7 +32,8 @@ std::optional<int> parse(int argc, char** argv, RefArgs& a) {
   app.add_option("--steps", a.steps)->capture_default_str();
   app.add_option("--batch-size", a.batch, "samples per step")->capture_default_str();
   app.add_option("--seq-len", a.seq, "tokens per sample (default: the model's)");
-  app.add_option("--lr", a.lr)->capture_default_str();
+  std::vector<double> betas;
+  piper::add_recipe_options(app, a.lr, a.recipe, betas);
   app.add_option("--optimizer", a.optimizer, "adamw | sgd")->check(CLI::IsMember({"adamw", "sgd"}))->capture_default_str();
   app.add_option("--seed", a.seed, "data order seed")->capture_default_str();
   app.add_option("--metrics", a.metrics_path, "JSON lines, one per step");
@@ -40,10 +43,37 @@ std::optional<int> parse(int argc, char** argv, RefArgs& a) {
       ->capture_default_str();
   try {
     app.parse(argc, argv);
+    piper::check_recipe(a.optimizer, a.recipe, betas);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  a.recipe.decay_steps = a.steps;
   return std::nullopt;
+}
+
+// PyTorch's AdamW with nanoGPT's two groups: weight decay on parameters of two or more dimensions,
+// none on the others; or SGD.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const RefArgs& a, const std::vector<torch::Tensor>& params) {
+  if (a.optimizer != "adamw") return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(a.lr));
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : params) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  auto options = [&](double wd) {
+    return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(a.lr)
+                                                            .betas({a.recipe.beta1, a.recipe.beta2})
+                                                            .eps(a.recipe.eps)
+                                                            .weight_decay(wd));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!decay.empty()) groups.emplace_back(decay, options(a.recipe.weight_decay));
+  if (!no_decay.empty()) groups.emplace_back(no_decay, options(0.0));
+  return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(a.lr));
+}
+
+void set_lr(torch::optim::Optimizer& opt, const std::string& kind, double lr) {
+  for (auto& g : opt.param_groups()) {
+    if (kind == "adamw") static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+    else static_cast<torch::optim::SGDOptions&>(g.options()).lr(lr);
+  }
 }
 
 // A tensor shared under two names (tied weights) is one parameter: stepped once, as PyTorch's own
@@ -83,13 +113,13 @@ int train(RefArgs a) {
   auto [params, compute] = parameters(model, bf16);
   piper::runtime::TokenData data(a.data_path);
   if (a.seq <= 0) a.seq = nlohmann::json::parse(extra["piper/manifest.json"])["input"]["shape"][0].get<int64_t>();
-  std::unique_ptr<torch::optim::Optimizer> opt;
-  if (a.optimizer == "adamw") opt = std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(a.lr).weight_decay(0.0));
-  else opt = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(a.lr));
+  auto opt = make_optimizer(a, params);
   std::ofstream metrics;
   if (!a.metrics_path.empty()) metrics.open(a.metrics_path);
   for (int64_t step = 0; step < a.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
+    const double lr = a.recipe.lr_at(a.lr, step);
+    set_lr(*opt, a.optimizer, lr);
     auto tokens = data.batch(a.seed, static_cast<uint64_t>(step), a.batch, 0, a.batch, a.seq);
     auto t = torch::from_blob(tokens.data(), {a.batch, a.seq + 1}, torch::kLong).clone();
     auto logits = model.forward({t.slice(1, 0, a.seq)}).toTensor().to(torch::kFloat);  // the loss in fp32
@@ -107,8 +137,8 @@ int train(RefArgs a) {
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fmt::print("step {:>4}  loss {:.6f}  {:.0f} tokens/s\n", step + 1, loss.item<double>(), double(a.batch * a.seq) / secs);
     if (metrics.is_open())
-      metrics << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"tokens_per_s\":{:.1f},\"step_s\":{:.6f}}}\n", step + 1,
-                             loss.item<double>(), double(a.batch * a.seq) / secs, secs);
+      metrics << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"lr\":{:.9g},\"tokens_per_s\":{:.1f},\"step_s\":{:.6f}}}\n", step + 1,
+                             loss.item<double>(), lr, double(a.batch * a.seq) / secs, secs);
   }
   double sum = 0, sumsq = 0;
   for (auto& p : params) {

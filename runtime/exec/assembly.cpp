@@ -79,7 +79,8 @@ void Executor::Impl::assemble_stages() {
     for (const ir::ParamSlot& slot : f.dense) kept.insert(m.regions[static_cast<size_t>(slot.region)].name);
     pieces[stage] = std::move(ps);
     params[stage] = std::make_unique<StageParams>(sv, std::move(dense), std::move(experts), expert_replicas,
-                                                  OptimizerOptions{opt.optimizer, opt.lr}, comm, std::move(dense_names),
+                                                  OptimizerOptions{opt.optimizer, opt.lr, opt.recipe.beta1, opt.recipe.beta2,
+                                                                   opt.recipe.eps, opt.recipe.weight_decay}, comm, std::move(dense_names),
                                                   std::move(expert_names));
     if (!copies.empty()) params[stage]->mark_copies(copies);
     if (queues)

@@ -125,7 +125,11 @@ StepResult Executor::Impl::step(int64_t s) {
     const torch::Tensor host = torch::from_blob(batch.data(), {per_replica, seq + 1}, torch::kLong);
     tokens = dev.is_cpu() ? host.clone() : host.to(dev);
   }
-  for (auto& [stage, sp] : params) sp->start_step();
+  res.lr = opt.recipe.lr_at(opt.lr, s);  // the schedule: every stage steps at this step's rate
+  for (auto& [stage, sp] : params) {
+    sp->start_step();
+    sp->set_lr(res.lr);
+  }
   if (queues) queues->synchronize_current();  // the zeroed gradients, before any op stream adds to them
   pieces_io.clear();
   for (size_t v = 0; v < g.nodes.size(); ++v)

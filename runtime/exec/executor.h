@@ -9,6 +9,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/model/data.h"
 #include "runtime/device/memory_counter.h"
+#include "runtime/exec/recipe.h"
 #include "runtime/device/stream_threads.h"
 #include "scheduler/plan.h"
 
@@ -27,10 +28,12 @@ struct ExecutorOptions {
   // Tests: a device whose streams and events order the ops while the tensors stay on `device`
   // (a fake's); "" = `device` itself when it is not the CPU.
   std::string stream_device = "";
+  Recipe recipe = {};  // the schedule, AdamW's betas and eps, weight decay (lr above is the peak)
 };
 
 struct StepResult {
   double loss = 0;     // mean over the global batch (the same number on every rank)
+  double lr = 0;       // the learning rate the step was taken with
   double seconds = 0;
   std::vector<OpSpan> ops;
   double ops_began = 0;  // steady-clock seconds at which `ops`' times start (this rank's clock)

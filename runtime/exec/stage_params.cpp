@@ -46,9 +46,9 @@ void set_module_parameter(const torch::jit::Module& m, const std::string& name, 
   owner.register_parameter(name.substr(start), t, false);
 }
 
-void FlatOptimizer::add(torch::Tensor param, torch::Tensor grad) {
+void FlatOptimizer::add(torch::Tensor param, torch::Tensor grad, std::vector<std::pair<int64_t, int64_t>> decayed) {
   MemScope scope(MemCategory::Optimizer);
-  Slot s{std::move(param), std::move(grad), {}, {}};
+  Slot s{std::move(param), std::move(grad), {}, {}, o_.weight_decay > 0 ? std::move(decayed) : decltype(decayed){}};
   if (o_.kind == "adamw") {
     s.exp_avg = torch::zeros_like(s.param);
     s.exp_avg_sq = torch::zeros_like(s.param);
@@ -74,7 +74,9 @@ void FlatOptimizer::step() {
   // torch::optim::AdamW's arithmetic, elementwise, so flat and per-parameter updates agree.
   const double bc1 = 1 - std::pow(o_.beta1, double(steps_)), bc2 = 1 - std::pow(o_.beta2, double(steps_));
   const double step_size = o_.lr / bc1, root_bc2 = std::sqrt(bc2);
-  for (auto& s : slots_)
+  for (auto& s : slots_) {
+    // Decoupled decay first, as torch::optim::AdamW does: p *= 1 - lr * weight_decay.
+    for (const auto& [at, len] : s.decayed) s.param.narrow(0, at, len).mul_(1 - o_.lr * o_.weight_decay);
     for (int64_t a = 0; a < s.param.numel(); a += kOptimizerChunk) {
       const int64_t n = std::min(kOptimizerChunk, s.param.numel() - a);
       auto p = s.param.narrow(0, a, n), g = s.grad.narrow(0, a, n);
@@ -84,6 +86,7 @@ void FlatOptimizer::step() {
       auto denom = (v.sqrt() / root_bc2).add_(o_.eps);
       p.addcdiv_(m, denom, -step_size);
     }
+  }
 }
 
 StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense, std::vector<torch::Tensor> experts,
@@ -142,7 +145,7 @@ void StageParams::lay_out_whole(const ir::MemberStorage& mine) {
       dense_[i].mutable_grad() = into.narrow(0, offset_[i], dense_[i].numel()).view(dense_[i].sizes());
   }
   if (f.storage.zero == 0) {
-    optimizer_.add(flat_, grad_);
+    optimizer_.add(flat_, grad_, decayed_in(false, 0, f.dense_elems));
     slot_at_.emplace_back(false, 0);
     return;
   }
@@ -153,7 +156,7 @@ void StageParams::lay_out_whole(const ir::MemberStorage& mine) {
       MemScope scope(MemCategory::Grads);
       shard_grad_.push_back(torch::zeros({r.size()}, f32_));
     }
-    optimizer_.add(flat_.narrow(0, r.begin, r.size()), shard_grad_.back());
+    optimizer_.add(flat_.narrow(0, r.begin, r.size()), shard_grad_.back(), decayed_in(false, r.begin, r.size()));
     slot_at_.emplace_back(false, r.begin);
   }
 }
@@ -183,7 +186,7 @@ void StageParams::lay_out_units(const ir::MemberStorage& mine) {
       MemScope scope(MemCategory::Grads);
       shard_grad_.push_back(torch::zeros({shard.size()}, f32_));
     }
-    optimizer_.add(shard_param_.back(), shard_grad_.back());
+    optimizer_.add(shard_param_.back(), shard_grad_.back(), decayed_in(false, shard.begin, shard.size()));
     slot_at_.emplace_back(false, shard.begin);
     resize_storage(storage, 0);
     unit_.push_back(storage);
@@ -212,8 +215,21 @@ void StageParams::lay_out_experts() {
     p.mutable_grad() = expert_grad_.narrow(0, at, p.numel()).view(p.sizes());
     at += p.numel();
   }
-  optimizer_.add(expert_flat_, expert_grad_);
+  optimizer_.add(expert_flat_, expert_grad_, decayed_in(true, 0, n));
   slot_at_.emplace_back(true, 0);
+}
+
+std::vector<std::pair<int64_t, int64_t>> StageParams::decayed_in(bool expert, int64_t at, int64_t len) const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const std::vector<torch::Tensor>& params = expert ? experts_ : dense_;
+  int64_t offset = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t p0 = expert ? offset : offset_[i], n = params[i].numel();
+    offset += n;
+    const int64_t a = std::max(at, p0), b = std::min(at + len, p0 + n);
+    if (a < b && params[i].dim() >= 2) out.emplace_back(a - at, b - a);
+  }
+  return out;
 }
 
 std::vector<size_t> StageParams::params_in(const ir::Range& r) const {

@@ -17,7 +17,8 @@ namespace piper::runtime {
 
 struct OptimizerOptions {
   std::string kind = "adamw";  // adamw | sgd
-  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // torch::optim::AdamW's defaults, no weight decay
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // torch::optim::AdamW's defaults
+  double weight_decay = 0;  // AdamW's decoupled decay, on the ranges add() names
 };
 
 // AdamW (or SGD) over flat tensors: a few large elementwise passes instead of one per parameter,
@@ -26,11 +27,14 @@ class FlatOptimizer {
  public:
   explicit FlatOptimizer(OptimizerOptions o) : o_(std::move(o)) {}
   // A parameter range and its gradient (same size); state is allocated here (category optimizer).
-  void add(torch::Tensor param, torch::Tensor grad);
+  // `decayed`: the sub-ranges (offset, length) weight decay applies to (parameters of 2+ dimensions).
+  void add(torch::Tensor param, torch::Tensor grad, std::vector<std::pair<int64_t, int64_t>> decayed = {});
+  void set_lr(double lr) { o_.lr = lr; }  // the schedule's rate for the next step
   void step();
   int64_t state_bytes() const;
   struct Slot {
     torch::Tensor param, grad, exp_avg, exp_avg_sq;  // moments undefined for SGD
+    std::vector<std::pair<int64_t, int64_t>> decayed;
   };
   const std::vector<Slot>& slots() const { return slots_; }
   int64_t steps() const { return steps_; }
@@ -77,6 +81,7 @@ class StageParams {
   // allocator must not reuse it before the stream that computed with it is done).
   void set_before_release(std::function<void(const torch::Tensor&)> f) { before_release_ = std::move(f); }
   void update();
+  void set_lr(double lr) { optimizer_.set_lr(lr); }
   // The gradient of tied parameter `tie` that this rank steps (its shard with ZeRO), final after the
   // stage's reductions; ALLREDUCE_T sums it with the other copies'.
   torch::Tensor tied_grad(int32_t tie);
@@ -123,6 +128,9 @@ class StageParams {
   void lay_out_whole(const ir::MemberStorage& mine);
   void lay_out_units(const ir::MemberStorage& mine);
   void lay_out_experts();
+  // The parts of layout elements [at, at + len) (dense or expert layout) that weight decay applies
+  // to, relative to `at`: those of parameters with two or more dimensions.
+  std::vector<std::pair<int64_t, int64_t>> decayed_in(bool expert, int64_t at, int64_t len) const;
   std::vector<size_t> params_in(const ir::Range& r) const;
   std::vector<size_t> units_in(const ir::Range& r) const;
   std::vector<size_t> buckets_in(const ir::Range& r) const;

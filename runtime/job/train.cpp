@@ -78,8 +78,8 @@ class StepReporter {
     const double tps = double(tokens_) / r.seconds;
     const size_t fullest = static_cast<size_t>(std::max_element(mem.peak.begin(), mem.peak.end()) - mem.peak.begin());
     if (o_.progress) fmt::print("\r\033[K");  // replace the progress bar with the step's line
-    fmt::print("step {:>4}/{}  loss {:.6f}  {:>8.0f} tokens/s  {:.3f} s  tensors {} (rank {})  rss {}\n", s + 1, o_.steps, r.loss,
-               tps, r.seconds, human_bytes(double(mem.peak[fullest])), fullest, human_bytes(double(peak_rss_bytes())));
+    fmt::print("step {:>4}/{}  loss {:.6f}  lr {:.3g}  {:>8.0f} tokens/s  {:.3f} s  tensors {} (rank {})  rss {}\n", s + 1, o_.steps,
+               r.loss, r.lr, tps, r.seconds, human_bytes(double(mem.peak[fullest])), fullest, human_bytes(double(peak_rss_bytes())));
     if (o_.progress && s + 1 < o_.steps) {
       const auto done = static_cast<size_t>(40 * (s + 1) / o_.steps);
       fmt::print("[{}{}] {}/{}", std::string(done, '#'), std::string(40 - done, '.'), s + 1, o_.steps);
@@ -89,10 +89,10 @@ class StepReporter {
     nlohmann::json by_category;
     for (int c = 0; c < kMemCategories; ++c)
       by_category[mem_category_name(static_cast<MemCategory>(c))] = mem.at_peak[fullest][static_cast<size_t>(c)];
-    metrics_ << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"tokens_per_s\":{:.1f},\"step_s\":{:.6f},"
+    metrics_ << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"lr\":{:.9g},\"tokens_per_s\":{:.1f},\"step_s\":{:.6f},"
                             "\"peak_mem_bytes\":{},\"peak_tensor_bytes\":{},\"peak_tensor_bytes_by_rank\":[{}],"
                             "\"peak_tensor_bytes_by_category\":{}}}\n",
-                            s + 1, r.loss, tps, r.seconds, peak_rss_bytes(), mem.peak[fullest], fmt::join(mem.peak, ","),
+                            s + 1, r.loss, r.lr, tps, r.seconds, peak_rss_bytes(), mem.peak[fullest], fmt::join(mem.peak, ","),
                             by_category.dump())
              << std::flush;
   }
@@ -161,7 +161,10 @@ int train(const TrainOptions& o, Communicator& comm) {
     return fail(fmt::format("piper-run: error: --memory-limit: '{}' is not a size like 512MiB", o.memory_limit));
   TokenData data(o.data_path);
   set_intra_op_threads(o.threads);
-  Executor ex(*plan, o.model, data, comm, ExecutorOptions{o.batch, o.lr, o.optimizer, o.seed, o.seq_len, o.op_timeout, o.device});
+  ExecutorOptions eo{o.batch, o.lr, o.optimizer, o.seed, o.seq_len, o.op_timeout, o.device};
+  eo.recipe = o.recipe;
+  eo.recipe.decay_steps = o.steps;  // the schedule decays over the run
+  Executor ex(*plan, o.model, data, comm, eo);
   const auto& first_region = plan->manifest.regions[static_cast<size_t>(plan->manifest.sequence.front())];
   const int64_t seq = o.seq_len > 0 ? o.seq_len : first_region.input->shape[0];
   if (lead)

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "runtime/comm/communicator.h"
+#include "runtime/exec/recipe.h"
 
 namespace piper::runtime {
 
@@ -13,7 +14,8 @@ struct TrainOptions {
   std::string model, strategy, data_path;
   std::vector<std::string> sets, include;  // --set NAME=VALUE, -I folders
   int64_t steps = 20, batch = 8, seq_len = 0;
-  double lr = 1e-3;
+  double lr = 1e-3;                // the peak learning rate
+  Recipe recipe;                   // schedule, betas, eps, weight decay
   std::string optimizer = "adamw";
   uint64_t seed = 0;
   int threads = 1;                 // intra-op threads per rank (already configured)
