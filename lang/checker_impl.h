@@ -92,13 +92,6 @@ struct PendingOrder {
   bool failed = false;
 };
 
-// Placement bookkeeping per pipeline region, for stages and "placed twice/never".
-struct Placed {
-  int64_t coord = 0;  // -1 until a balanced placement is cut
-  std::optional<std::pair<size_t, int64_t>> group;  // (place directive, stage group) for `over` forms
-  SourceLoc loc;
-};
-
 // Walks the strategy file (and the files it uses) once, in order, collecting checked directives;
 // then checks what needs the whole strategy and expands the orders. Every error is reported, located.
 class Checker {
@@ -200,7 +193,7 @@ class Checker {
   std::map<std::string, SourceLoc> bound_by_use_;  // parameters a `use` argument fixed, where
   std::set<std::string> used_axes_;
   std::map<std::string, SourceLoc> replicate_axes_, shard_axes_;
-  std::map<RegionId, Placed> placed_;
+  std::map<RegionId, SourceLoc> placed_;  // where each pipeline region was placed ("placed twice/never")
   std::map<std::pair<int64_t, int64_t>, std::pair<bool, SourceLoc>> backward_form_;
   std::vector<PendingOrder> pending_;
   int64_t orders_run_ = 0;  // order statements run, recorded or not (kMaxOrderStatements)

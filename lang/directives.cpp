@@ -122,34 +122,16 @@ bool Checker::place_over(const ast::PlaceStmt& p, Env& env, PlaceDirective& d) {
 }
 
 // Each region's coordinate (and its group, which keeps an `over` placement's stages apart).
+// Each region placed once; where it goes is decided from the recorded directives (lang/placement.h).
 void Checker::record_placement(const ast::PlaceStmt& p, const ast::Stmt& s, PlaceDirective d) {
-  size_t index = ++place_count_;
-  int64_t n = axis_size(d.axis);
-  int64_t groups = d.mode == PlaceDirective::Mode::Interleaved ? n * d.chunks
-                 : d.mode == PlaceDirective::Mode::VShape     ? 2 * n : n;
-  int64_t per = std::max<int64_t>(1, static_cast<int64_t>(d.regions.size()) / groups);
-  for (size_t j = 0; j < d.regions.size(); ++j) {
-    RegionId r = d.regions[j];
+  ++place_count_;
+  for (RegionId r : d.regions) {
     if (auto it = placed_.find(r); it != placed_.end()) {
       diags_.error(p.regions.front().loc, fmt::format("region '{}' is placed twice", m_.selector_text(r)))
-          .note(it->second.loc, "first placed here");
+          .note(it->second, "first placed here");
       return;
     }
-    Placed pl;
-    pl.loc = s.loc;
-    if (d.mode == PlaceDirective::Mode::On) {
-      pl.coord = d.coord;
-    } else if (d.mode == PlaceDirective::Mode::Balanced || d.balanced) {
-      pl.coord = -1;  // cut once every placement is known (finish_placement)
-      pl.group = std::make_pair(index, int64_t{-1});
-    } else {
-      int64_t k = static_cast<int64_t>(j) / per;
-      pl.group = std::make_pair(index, k);
-      pl.coord = d.mode == PlaceDirective::Mode::Contiguous ? k
-               : d.mode == PlaceDirective::Mode::Interleaved ? k % n
-               : (k < n ? k : 2 * n - 1 - k);
-    }
-    placed_[r] = pl;
+    placed_[r] = s.loc;
   }
   out_.directives.push_back(Directive{s.loc, std::move(d), diags_.context()});
 }

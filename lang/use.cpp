@@ -72,7 +72,7 @@ void Checker::stmt(const ast::UseStmt& u, const ast::Stmt& s, Env& env, UseConte
 const ast::File* Checker::load(const std::string& canon) {
   if (auto it = parsed_.find(canon); it != parsed_.end()) return it->second;
   std::error_code ec;
-  if (auto size = fs::file_size(canon, ec); ec || size > ParseLimits{}.max_bytes) {
+  if (auto size = fs::file_size(canon, ec); ec || size > kCanonicalLimits.max_bytes) {  // the parser applies the limit the text's kind has
     diags_.error(SourceLoc{}, ec ? fmt::format("cannot read strategy {}: {}", canon, ec.message())
                                  : fmt::format("{} is {} bytes, too large for a strategy", canon, size));
     parsed_[canon] = nullptr;

@@ -70,6 +70,13 @@ class Communicator {
   std::map<int, int64_t> sent_;
 };
 
+// Every rank of `comm`, in order: the group of job-wide collectives.
+inline std::vector<int> everyone(const Communicator& comm) {
+  std::vector<int> all(static_cast<size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r) all[static_cast<size_t>(r)] = r;
+  return all;
+}
+
 // N ranks in one process: make_fake_world(N)[r] is rank r's communicator; use each from its own
 // thread(s). abort() throws on the calling rank and makes every blocked peer throw too.
 std::vector<std::unique_ptr<Communicator>> make_fake_world(int ranks);

@@ -39,12 +39,6 @@ std::unique_ptr<DeviceQueues> make_queues(const sched::Plan& plan, const RankVie
 }
 }  // namespace
 
-std::vector<int> everyone(const Communicator& comm) {
-  std::vector<int> all(static_cast<size_t>(comm.size()));
-  for (int r = 0; r < comm.size(); ++r) all[static_cast<size_t>(r)] = r;
-  return all;
-}
-
 Executor::Impl::Impl(const sched::Plan& p, const std::string& path, const TokenData& d, Communicator& c, ExecutorOptions o)
     : plan(p), g(p.dag), data(d), opt(std::move(o)), model(path),
       view(make_rank_view(p, c.rank(), c.size(), std::min(c.max_tag(), kPlanTagLimit))), dev(device_of(opt.device)),

@@ -91,6 +91,4 @@ struct Executor::Impl {
   StepResult step(int64_t s);
 };
 
-std::vector<int> everyone(const Communicator& comm);  // every rank, in order
-
 }  // namespace piper::runtime

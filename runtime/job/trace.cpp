@@ -22,17 +22,16 @@ namespace piper::runtime {
 // earliest op of any rank starts at 0.
 void write_trace(Communicator& comm, const std::vector<std::pair<int64_t, StepResult>>& steps, const std::string& path) {
   const size_t world = static_cast<size_t>(comm.size()), me = static_cast<size_t>(comm.rank());
-  std::vector<int> everyone(world);
-  for (size_t r = 0; r < world; ++r) everyone[r] = static_cast<int>(r);
-  comm.prepare_group(everyone, kHashChannel);
+  const std::vector<int> ranks = everyone(comm);
+  comm.prepare_group(ranks, kHashChannel);
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   const size_t h = std::hash<std::string>{}(host);
   // Per rank: its host (two exact halves), its clock after the barrier, its first op's start.
   std::vector<double> facts(4 * world, 0.0);
   double sync = 0;
-  comm.all_reduce_sum(&sync, 1, everyone, kHashChannel);
-  comm.all_reduce_sum(&sync, 1, everyone, kHashChannel);  // the second starts with the ranks together
+  comm.all_reduce_sum(&sync, 1, ranks, kHashChannel);
+  comm.all_reduce_sum(&sync, 1, ranks, kHashChannel);  // the second starts with the ranks together
   const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   double first = now;
   for (const auto& [step, r] : steps) first = std::min(first, r.ops_began);
@@ -40,7 +39,7 @@ void write_trace(Communicator& comm, const std::vector<std::pair<int64_t, StepRe
   facts[4 * me + 1] = static_cast<double>(h & 0xffffffffu);
   facts[4 * me + 2] = now;
   facts[4 * me + 3] = first;
-  comm.all_reduce_sum(facts.data(), facts.size(), everyone, kHashChannel);
+  comm.all_reduce_sum(facts.data(), facts.size(), ranks, kHashChannel);
   bool one_host = true;
   for (size_t r = 1; r < world; ++r) one_host &= facts[4 * r] == facts[0] && facts[4 * r + 1] == facts[1];
   double shift = 0;  // added to this rank's clock: the common axis

@@ -25,12 +25,6 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(u.ru_maxrss) * 1024;
 }
 
-std::vector<int> everyone(const Communicator& comm) {
-  std::vector<int> all(static_cast<size_t>(comm.size()));
-  for (int r = 0; r < comm.size(); ++r) all[static_cast<size_t>(r)] = r;
-  return all;
-}
-
 // The first rank whose plan hash differs from rank 0's (-1: all equal). Each rank fills its slot and a
 // sum shows everyone's.
 int first_mismatch(Communicator& comm, uint64_t hash) {
