@@ -151,6 +151,20 @@ std::vector<Segment> cut(const StageFacts& st, const Manifest& m, const std::set
   return out;
 }
 
+// A piece whose regions use a tied parameter laid out in another piece of the stage (it is laid out
+// once, under its first member) uses that range too.
+void mark_tied_uses(StageFacts& st, const Manifest& m) {
+  for (Segment& seg : st.segments)
+    for (const TiedSlot& t : st.tied) {
+      if (t.range.begin >= seg.dense.begin && t.range.end <= seg.dense.end) continue;
+      const auto& members = m.ties[static_cast<size_t>(t.tie)].members;
+      if (std::any_of(seg.regions.begin(), seg.regions.end(), [&](RegionId r) {
+            return std::any_of(members.begin(), members.end(), [&](const TiedParam& p) { return m.is_ancestor(r, p.region); });
+          }))
+        seg.tied.push_back(t.range);
+    }
+}
+
 DType precision_of(const CheckedStrategy& s, const Manifest& m, const std::vector<RegionId>& regions) {
   DType t = DType::F32;
   for (const auto& d : s.directives)
@@ -260,6 +274,7 @@ void build_pass(LowerContext& c) {
           break;
         }
     st.segments = cut(st, c.manifest, sharded, cut_before);
+    mark_tied_uses(st, c.manifest);
     // Expert ownership: each list's members in contiguous blocks over the shard axis.
     for (size_t j = 0; j < st.segments.size(); ++j) {
       const RegionId list = st.segments[j].sharded;

@@ -3,6 +3,7 @@
 // and the executor read these facts — never the checked strategy — so what the simulator prices is
 // by construction what the executor runs.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -39,8 +40,16 @@ struct Segment {
   std::vector<RegionId> regions;  // dense: pipeline regions, in order
   RegionId sharded = -1;          // expert piece: the sharded list
   Range dense;                    // dense: its parameters' range of the stage's dense layout
+  // Tied parameters its regions use that the layout holds in another piece of the stage (a GPT's
+  // head reads the embedding's matrix): gathered for it, and its gradients added there, too.
+  std::vector<Range> tied;
   int64_t param_bytes = 0;        // parameters it touches on one rank
   int64_t flops = 0;              // forward FLOPs per sample, on one rank
+  // Whether the piece reads (and writes gradients into) any element of `r` of the layout.
+  bool touches(const Range& r) const {
+    auto overlap = [&](const Range& a) { return a.begin < r.end && r.begin < a.end; };
+    return overlap(dense) || std::any_of(tied.begin(), tied.end(), overlap);
+  }
 };
 
 // Data parallelism of a stage's dense parameters over one mesh axis.

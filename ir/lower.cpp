@@ -18,8 +18,9 @@ struct Pass {
 
 // The order matters: cut decides the stages build lays out; split copies what build made; place
 // needs every chunk to exist; p2p needs ranks; replicate and shard rewire edges that p2p may already
-// have split; tie follows replicate, whose reductions it waits for; storage lays out what
-// replication decided (it adds no nodes); order needs the final pieces of every task (and must see
+// have split; tie follows replicate, whose reductions it waits for; norm follows tie and shard, as
+// it waits for everything the updates wait for; storage lays out what replication decided (it adds
+// no nodes); order needs the final pieces of every task (and must see
 // all communication to find cycles through it); recompute only marks forwards, so it can come last.
 const std::vector<Pass>& passes() {
   static const std::vector<Pass> table = {
@@ -36,6 +37,8 @@ const std::vector<Pass>& passes() {
        true},
       {{"shard", "expert parallelism: all-to-all dispatch and combine around sharded pieces; owners"}, shard_pass,
        true},
+      {{"norm", "clipping: the global gradient norm's all-reduce after the last gradient, before every update"},
+       norm_pass, true},
       {{"storage", "what each replica member holds of each stage's parameters: whole, or its ZeRO shards"},
        storage_pass, true},
       {{"order", "temporal edges, overlap groups and streams from `order`; cycles are errors"}, order_pass, true},

@@ -31,6 +31,9 @@ struct LowerOptions {
   // Measured seconds per region by name (a machine file's F + B at one sample): when every pipeline
   // region has one, the cut pass cuts balanced placements by them instead of the checker's FLOPs.
   std::map<std::string, double> region_costs;
+  // Gradients clipped by their global norm (piper-run --clip-grad-norm): the norm pass adds its
+  // all-reduce between the last gradient and the first update.
+  bool global_norm = false;
 };
 
 // Returns nothing when the strategy cannot be lowered (a diagnostic says why, e.g. an order cycle).

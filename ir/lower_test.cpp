@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <map>
+#include <set>
 
 #include "ir/emit.h"
 #include "ir/verifier.h"
@@ -17,11 +18,12 @@ using piper::testing::Front;
 
 namespace {
 // Checks a strategy and lowers it with the verifier after every pass.
-Graph lowered(Front& f, const std::string& text, CommandLine cmd = {}) {
+Graph lowered(Front& f, const std::string& text, CommandLine cmd = {}, bool global_norm = false) {
   auto s = f.check(text, cmd);
   REQUIRE_MESSAGE(s, f.errors());
   LowerOptions opt;
   opt.verify_each = true;
+  opt.global_norm = global_norm;
   auto g = lower(*s, f.manifest, f.diags, opt);
   REQUIRE_MESSAGE(g, f.errors());
   return std::move(*g);
@@ -231,7 +233,7 @@ TEST_CASE("dag-json carries the documented fields") {
   CHECK(j["edges"][0]["kind"] == "data");
 }
 
-TEST_CASE("tied weights: one stage lays the tensor out once; copies in two stages are summed before each update") {
+TEST_CASE("tied weights: one stage lays the tensor out once, copies in two stages are summed before each update") {
   Front f("gpt8_tied");
   const RegionId embed = *f.manifest.find("embed"), head = *f.manifest.find("head");
   {
@@ -333,4 +335,89 @@ TEST_CASE("cut pass: balanced placements cut again by measured region costs") {
   auto partial = lower(*s, f.manifest, f.diags, opt);
   REQUIRE(partial);
   CHECK(stages(*partial) == stages(*by_flops));
+}
+
+TEST_CASE("norm: one global-norm all-reduce per set of ranks, after every gradient is final, before every update") {
+  Front f("gpt8_tied");
+  CommandLine cmd;
+  cmd.sets = {"pp=2", "dp=2", "mb=2"};
+  CHECK(census(lowered(f, "use \"1f1b_zero2.piper\";\n", cmd)).count("ALLREDUCE_N") == 0);  // not asked for
+  Graph g = lowered(f, "use \"1f1b_zero2.piper\";\n", cmd, /*global_norm=*/true);
+  CHECK(census(g)["ALLREDUCE_N"] == 2);
+  auto preds = [&](const std::string& tok) {
+    std::set<std::string> out;
+    for (const Edge& e : g.edges)
+      if (token(g.nodes[static_cast<size_t>(e.dst)]) == tok) out.insert(token(g.nodes[static_cast<size_t>(e.src)]));
+    return out;
+  };
+  for (int32_t s : {0, 1}) {
+    const std::string norm = fmt::format("{}ALLREDUCE_N", s), update = fmt::format("{}U", s);
+    CAPTURE(norm);
+    const Node& n = find(g, norm);
+    CHECK(n.axis == -1);  // the whole mesh
+    CHECK(n.bytes == 8);
+    CHECK(n.ranks == find(g, update).ranks);
+    CHECK(g.streams[n.stream] == "norm");
+    // Everything the update waits for (reductions, the tied sum), the norm waits for; then the update.
+    std::set<std::string> before = preds(update);
+    CHECK(before.erase(norm) == 1);
+    CHECK(preds(norm) == before);
+    CHECK(std::any_of(before.begin(), before.end(), [](const std::string& t) { return t.find("ALLREDUCE_T") != std::string::npos; }));
+  }
+  CHECK(parse_token("0ALLREDUCE_N")->payload == Payload::Norm);
+  // The verifier refuses an update that does not wait for it.
+  for (Edge& e : g.edges)
+    if (g.nodes[static_cast<size_t>(e.src)].payload == Payload::Norm && g.nodes[static_cast<size_t>(e.dst)].op == Op::U)
+      e.kind = EdgeKind::Dead;
+  g.remove_dead_edges();
+  auto problems = verify(g);
+  CHECK(std::any_of(problems.begin(), problems.end(), [](const std::string& p) { return p.find("global norm") != std::string::npos; }));
+}
+
+TEST_CASE("tied weights on one stage under per-layer ZeRO-3: the head's piece gathers the embedding's unit too") {
+  Front f("gpt8_tied");
+  CommandLine cmd;
+  cmd.sets = {"dp=2"};
+  Graph g = lowered(f, "use \"zero3.piper\";\n", cmd);
+  const auto& st = g.stage(0);
+  REQUIRE(st.tied.size() == 1);
+  const Range tied = st.tied.front().range;
+  const Segment& head = st.segments.back();
+  CHECK(head.tied == std::vector<Range>{tied});  // laid out in the embedding's piece, read by the head's
+  CHECK(head.touches(tied));
+  const auto& units = st.replication.units;
+  const int32_t unit = int32_t(std::find(units.begin(), units.end(), tied) - units.begin());
+  REQUIRE(size_t(unit) < units.size());
+  const auto& buckets = st.replication.buckets;  // reductions go bucket by bucket, the units in backward order
+  const int32_t bucket = int32_t(std::find(buckets.begin(), buckets.end(), tied) - buckets.begin());
+  const std::string last = fmt::format("0F0.s{}", st.segments.size() - 1);
+  const std::string back = fmt::format("0B0.s{}", st.segments.size() - 1);
+  std::set<std::string> into_head, into_reduction;
+  for (const Edge& e : g.edges) {
+    const std::string dst = token(g.nodes[static_cast<size_t>(e.dst)]), src = token(g.nodes[static_cast<size_t>(e.src)]);
+    if (dst == last) into_head.insert(src);
+    if (dst == fmt::format("0REDUCESCATTER_G0.b{}", bucket)) into_reduction.insert(src);
+  }
+  CHECK(into_head.count(fmt::format("0ALLGATHER_PF0.b{}", unit)) == 1);
+  // Its gradient is final after both pieces' backwards: the head's and the embedding's.
+  CHECK(into_reduction == std::set<std::string>{"0B0.s0", back});
+}
+
+TEST_CASE("expert parallelism × dp: the update waits for the experts' backwards, which no reduction covers") {
+  Front f("moe8");
+  CommandLine cmd;
+  cmd.sets = {"pp=2", "ep=2", "mb=4"};
+  Graph g = lowered(f, "use \"dualpipev_ep.piper\";\n", cmd);
+  for (const Node& u : g.nodes) {
+    if (u.op != Op::U) continue;
+    int experts_in = 0;
+    for (const Edge& e : g.edges) {
+      const Node& src = g.nodes[static_cast<size_t>(e.src)];
+      if (&g.nodes[static_cast<size_t>(e.dst)] == &u && is_chunk(src.op) && g.segment_of(src).sharded >= 0) ++experts_in;
+    }
+    const auto& segs = g.stage(u.stage).segments;
+    const auto pieces = std::count_if(segs.begin(), segs.end(), [](const Segment& s) { return s.sharded >= 0; });
+    CHECK(pieces > 0);
+    CHECK(experts_in == 4 * pieces);  // one per microbatch and expert piece
+  }
 }

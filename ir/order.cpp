@@ -1,4 +1,4 @@
-// Pass 10, order: `order` directives become temporal edges — from the sinks of each group's tasks
+// Pass 11, order: `order` directives become temporal edges — from the sinks of each group's tasks
 // to the sources of the next group's — `a || b` marks a co-scheduled group, and `on stream` moves
 // the tasks to a logical stream. An order that would make the DAG cyclic, or that relates tasks on
 // different devices, is the user's error, reported at the directive(s) responsible.

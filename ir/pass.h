@@ -33,6 +33,7 @@ void p2p_pass(LowerContext& c);
 void replicate_pass(LowerContext& c);
 void tie_pass(LowerContext& c);  // sets c.failed when tied copies are replicated differently
 void shard_pass(LowerContext& c);
+void norm_pass(LowerContext& c);
 void storage_pass(LowerContext& c);
 void order_pass(LowerContext& c);  // sets c.failed with a located diagnostic on a cycle
 void recompute_pass(LowerContext& c);

@@ -1,4 +1,4 @@
-// Pass 11, recompute: forward pieces that hold recomputed regions keep only their inputs; the
+// Pass 12, recompute: forward pieces that hold recomputed regions keep only their inputs; the
 // scheduler frees their activations after F and charges a second forward before the backward.
 #include "ir/pass.h"
 

@@ -18,7 +18,6 @@
 namespace piper::ir {
 
 namespace {
-bool overlaps(const Range& a, const Range& b) { return a.begin < b.end && b.begin < a.end; }
 
 // One replicated stage's rewrite: its reductions, then (ZeRO-3) its gathers.
 class StageReplication {
@@ -41,8 +40,13 @@ class StageReplication {
   // (zero 0) or reduce-scatter (once, zero 1; per microbatch, zero 2/3), and (zero 1/2) an all-gather
   // of the updated parameters.
   void reduce_buckets() {
+    // An expert piece's gradients are not replicated (its owner trains it alone): its edge stays, as
+    // an order (the gradients are where the optimizer reads them; an edge that carried a value would
+    // keep the piece's input gradients alive until the update). Without it the update would follow
+    // them only by the compute stream's order, and the global norm not at all.
     for (Edge& e : g_.edges)
-      if (e.dst == u_ && e.kind == EdgeKind::Data && e.label == grads_) e.kind = EdgeKind::Dead;
+      if (e.dst == u_ && e.kind == EdgeKind::Data && e.label == grads_)
+        e.kind = piece_of(e.src).sharded < 0 ? EdgeKind::Dead : EdgeKind::Temporal;
     for (int32_t k = 0; k < int32_t(rep_.buckets.size()); ++k) {
       const Range& b = rep_.buckets[static_cast<size_t>(k)];
       const int64_t bytes = b.size() * elem_;
@@ -78,10 +82,10 @@ class StageReplication {
       if (backward) std::reverse(order.begin(), order.end());
       for (size_t j = 0; j < order.size(); ++j) {
         const auto& users = pieces[order[j]];
-        const Range piece = range_of(users.front());
+        const Segment& piece = piece_of(users.front());
         for (int32_t k = 0; k < int32_t(rep_.units.size()); ++k) {
           const Range& unit = rep_.units[static_cast<size_t>(k)];
-          if (!overlaps(unit, piece)) continue;
+          if (!piece.touches(unit)) continue;
           const int64_t bytes = unit.size() * elem_;
           NodeId gather = collective(Op::AllGather, Payload::Param, key.first, k, bytes, kMaterialize | (backward ? kBackward : 0));
           for (NodeId v : users) {
@@ -106,12 +110,12 @@ class StageReplication {
     return g_.add(Node{.op = op, .payload = what, .flags = flags, .stream = rep_.stream, .stage = int32_t(s_), .microbatch = mb,
                        .chunk = chunk_, .bucket = k, .ranks = ranks_, .axis = rep_.axis, .bytes = bytes});
   }
-  Range range_of(NodeId v) const { return g_.segment_of(g_.nodes[static_cast<size_t>(v)]).dense; }
+  const Segment& piece_of(NodeId v) const { return g_.segment_of(g_.nodes[static_cast<size_t>(v)]); }
   std::vector<NodeId> producers(const Range& b, int32_t mb) const {
     std::vector<NodeId> out;
     auto take = [&](const std::vector<NodeId>& pieces) {
       for (NodeId v : pieces)
-        if (overlaps(range_of(v), b)) out.push_back(v);
+        if (piece_of(v).touches(b)) out.push_back(v);
     };
     if (mb >= 0) {
       if (auto it = backwards_.find(mb); it != backwards_.end()) take(it->second);

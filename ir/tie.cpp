@@ -127,7 +127,7 @@ void tie_pass(LowerContext& c) {
               g.connect(v, tie, EdgeKind::Data, 0, grads);
         } else {
           for (NodeId v : producers[static_cast<size_t>(s)])
-            if (overlaps(g.segment_of(g.nodes[static_cast<size_t>(v)]).dense, r)) g.connect(v, tie, EdgeKind::Data, 0, grads);
+            if (g.segment_of(g.nodes[static_cast<size_t>(v)]).touches(r)) g.connect(v, tie, EdgeKind::Data, 0, grads);
         }
         g.connect(tie, update[static_cast<size_t>(s)], EdgeKind::Data, elems * elem, grads);
       }

@@ -22,6 +22,7 @@ class Verifier {
     edges_stay_on_ranks();
     index_chunks();
     for (NodeId v = 0; v < n_; ++v) node(v);
+    norms_precede_updates();
     storage_covers_layout();
     return problems_;
   }
@@ -125,14 +126,18 @@ class Verifier {
     if (recvs != 1) say(fmt::format("{} has {} matching recvs, not 1", token(x), recvs));
   }
 
-  // Exactly one path for the gradients: straight from the backwards, or through reductions.
+  // Exactly one path for the dense gradients: straight from the backwards, or through reductions.
   void update(NodeId v) {
     bool direct = false, reduced = false;
     std::set<std::pair<int32_t, int32_t>> seen;  // (bucket, microbatch) of each reduction
     for (const Edge* e : in_edges(v)) {
       const Node& p = g_.nodes[e->src];
-      if (p.op == Op::B || p.op == Op::BW) direct = true;
-      if (p.op == Op::AllReduce || p.op == Op::ReduceScatter) {
+      // An expert piece's gradients reach its update directly even when the stage is replicated.
+      const bool expert = size_t(p.stage) < g_.facts.stages.size() && g_.segment_of(p).sharded >= 0;
+      if ((p.op == Op::B || p.op == Op::BW) && !expert) direct = true;
+      // A tied sum adds the other copies' gradients (on top of this copy's, direct or reduced), and
+      // the global norm carries none: neither is a replica reduction.
+      if ((p.op == Op::AllReduce && p.payload == Payload::Grad) || p.op == Op::ReduceScatter) {
         reduced = true;
         if (!seen.insert({p.bucket, p.microbatch}).second) say(fmt::format("{} is reduced twice", token(p)));
       }
@@ -143,13 +148,27 @@ class Verifier {
   // A collective runs on the ranks of the chunks it serves, along a real axis.
   void collective(NodeId v) {
     const Node& x = g_.nodes[v];
-    if (x.axis < 0) say(fmt::format("{} has no axis", token(x)));
+    // The global norm's all-reduce alone spans the whole mesh, not one axis.
+    if ((x.axis < 0) != (x.payload == Payload::Norm)) say(fmt::format("{} has {} axis", token(x), x.axis < 0 ? "no" : "an"));
     for (const Edge* e : in_edges(v))
       if (is_chunk(g_.nodes[e->src].op) && g_.nodes[e->src].ranks != x.ranks)
         say(fmt::format("{} runs on other ranks than its input {}", token(x), token(g_.nodes[e->src])));
     for (const Edge* e : out_edges(v))
       if (is_chunk(g_.nodes[e->dst].op) && g_.nodes[e->dst].ranks != x.ranks)
         say(fmt::format("{} runs on other ranks than its consumer {}", token(x), token(g_.nodes[e->dst])));
+  }
+
+  // With clipping, no update may step before its ranks' share of the global norm was summed.
+  void norms_precede_updates() {
+    if (std::none_of(g_.nodes.begin(), g_.nodes.end(), [](const Node& x) { return x.payload == Payload::Norm; })) return;
+    for (NodeId v = 0; v < n_; ++v) {
+      if (g_.nodes[v].op != Op::U) continue;
+      const auto in = in_edges(v);
+      if (std::none_of(in.begin(), in.end(), [&](const Edge* e) {
+            return g_.nodes[e->src].payload == Payload::Norm && g_.nodes[e->src].ranks == g_.nodes[v].ranks;
+          }))
+        say(fmt::format("{} does not wait for the global norm", token(g_.nodes[v])));
+    }
   }
 
   // Once laid out (the storage pass): with ZeRO the members' stepped ranges tile the layout, each

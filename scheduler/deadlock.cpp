@@ -29,6 +29,8 @@ class ProgramWalk {
         for (NodeId v : p.ops) stream_of_[at(v)] = static_cast<int32_t>(streams_.size());
         streams_.push_back(Stream{static_cast<int32_t>(c), &p});
       }
+    for (size_t v = 0; v < n; ++v)
+      if (g.nodes[v].payload == ir::Payload::Norm) norms_.push_back(static_cast<NodeId>(v));
   }
 
   // Runs every stream's head while it is not blocked; true when every op ran.
@@ -92,7 +94,7 @@ class ProgramWalk {
   }
 
   // What a head op is blocked on: a predecessor not done yet, an op it is issued after, or its
-  // rendezvous partner not posted.
+  // rendezvous partner (a send's receive; every other class's global norm) not posted.
   std::optional<NodeId> blocker(NodeId v) const {
     const Node& x = g_.nodes[at(v)];
     for (int32_t k = adj_.in_offsets[at(v)]; k < adj_.in_offsets[at(v) + 1]; ++k) {
@@ -107,6 +109,9 @@ class ProgramWalk {
       NodeId p = partner(v);
       if (p >= 0 && !done_[at(p)] && !at_head(p)) return p;
     }
+    if (x.payload == ir::Payload::Norm)  // the global norm spans every class: all must have reached it
+      for (NodeId p : norms_)
+        if (!done_[at(p)] && !at_head(p)) return p;
     return std::nullopt;
   }
 
@@ -144,6 +149,7 @@ class ProgramWalk {
   std::vector<Stream> streams_;
   std::vector<int32_t> stream_of_;
   std::vector<bool> done_;
+  std::vector<NodeId> norms_;  // the global norm's all-reduces, one per class
 };
 }  // namespace
 

@@ -349,10 +349,9 @@ class ClassModel {
     const Node& x = n(v);
     const auto& rep = g_.stage(x.stage).replication;
     if (zero_of(x) < 2) return;
-    const ir::Range r = segment(x).dense;
     for (size_t k = 0; k < rep.buckets.size(); ++k) {
       const ir::Range& bk = rep.buckets[k];
-      if (!(bk.begin < r.end && r.begin < bk.end)) continue;
+      if (!segment(x).touches(bk)) continue;
       if (!bucket_open_.insert({x.stage, x.microbatch, int32_t(k)}).second) continue;
       auto it = rs_.find({x.stage, x.microbatch, int32_t(k)});
       hold(start(v), it != rs_.end() ? finish(it->second) : finish(v), bk.size() * (bf16(x) ? 2 : kFloat), MemCategory::Grads);

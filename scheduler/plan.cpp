@@ -115,6 +115,7 @@ PlanResult compile_checked(PlanResult r, const PlanOptions& o, const std::option
   lo.verify_each = o.verify_each;
   lo.after_pass = o.after_pass;
   lo.max_nodes = o.max_nodes;
+  lo.global_norm = o.global_norm;
   lo.region_costs = region_costs(machine);
   if (o.cmd.batch_size) lo.samples_per_microbatch = std::max<int64_t>(1, s.samples_per_microbatch(*o.cmd.batch_size));
   auto t = Clock::now();

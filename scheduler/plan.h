@@ -26,6 +26,7 @@ struct PlanOptions {
   std::optional<double> memory_budget;  // bytes per device; exceeding it is an error at the directive that decides
   bool verify_each = false;             // the DAG verifier after every lowering pass
   std::string optimizer = "adamw";      // what the executor will step (its state is part of memory)
+  bool global_norm = false;             // gradients clipped by their global norm (its all-reduce is in the plan)
   std::function<void(const char* pass, const ir::Graph&)> after_pass;  // --print-after
   size_t max_nodes = ir::kMaxDagNodes;  // a larger plan is refused (benchmarks lift it)
 };

@@ -211,8 +211,10 @@ class ListScheduler {
 
   // Overlap groups must share a resource: co-scheduled work runs on one device, one stream.
   bool overlaps_share_resources() {
-    for (size_t v = 0; v < n_; ++v)
+    for (size_t v = 0; v < n_; ++v) {
       if (g_.nodes[v].overlap >= 0) overlap_[g_.nodes[v].overlap].push_back(static_cast<NodeId>(v));
+      if (g_.nodes[v].payload == ir::Payload::Norm) norms_.push_back(static_cast<NodeId>(v));
+    }
     for (const auto& [id, members] : overlap_)
       for (NodeId m : members)
         if (resource_[at(m)] != resource_[at(members.front())]) {
@@ -278,6 +280,7 @@ class ListScheduler {
     if (x.payload == ir::Payload::Tied)  // the ranks at the pipeline coordinates that hold copies
       for (const auto& t : g_.facts.ties)
         if (t.tie == x.bucket) return static_cast<int64_t>(t.coords.size());
+    if (x.payload == ir::Payload::Norm) return g_.facts.mesh.world();  // every rank
     return g_.facts.mesh.size(x.axis);
   }
   double cost_of(NodeId m) const {
@@ -299,13 +302,16 @@ class ListScheduler {
     }
     const int32_t r = resource_[at(v)];
     ready_[static_cast<size_t>(r)].push(Best{ready_at_[at(v)], priority(x.op), x.microbatch, x.stage, v, r},
-                                        x.overlap < 0 && anchor_[at(v)] < 0);
+                                        x.overlap < 0 && anchor_[at(v)] < 0 && x.payload != ir::Payload::Norm);
   }
 
   // A candidate is schedulable when it (and every overlap partner) is ready.
   std::optional<Unit> unit_of(NodeId v) const {
     const Node& x = g_.nodes[at(v)];
     if (NodeId a = anchor_[at(v)]; a >= 0 && anchor_waits(a)) return std::nullopt;
+    if (x.payload == ir::Payload::Norm)  // the rendezvous: every rank's share is ready
+      for (NodeId m : norms_)
+        if (pending_[at(m)] != 0) return std::nullopt;
     if (x.overlap < 0) return Unit{{v}};
     Unit u{overlap_.at(x.overlap)};
     for (NodeId m : u.nodes)
@@ -322,6 +328,8 @@ class ListScheduler {
         auto u = unit_of(v);
         if (!u) continue;
         double t = free_at_[r];
+        if (g_.nodes[at(v)].payload == ir::Payload::Norm)  // it ends when the last rank's gradients are final
+          for (NodeId m : norms_) t = std::max(t, ready_at_[at(m)]);
         for (NodeId m : u->nodes) {
           t = std::max(t, ready_at_[at(m)]);
           if (NodeId a = anchor_[at(m)]; a >= 0)  // it will wait for that op's end
@@ -445,6 +453,7 @@ class ListScheduler {
   std::vector<bool> done_;
   std::vector<std::vector<NodeId>> order_;                   // per resource, as scheduled
   std::vector<NodeId> anchor_, recomputed_;                  // a gather's entry piece; a B's recomputed F
+  std::vector<NodeId> norms_;                                // the global norm's all-reduces, one per class
   std::vector<ReadyQueue> ready_;                            // per resource
   std::unordered_map<NodeId, std::vector<NodeId>> parked_;   // anchor -> gathers parked on it
 };

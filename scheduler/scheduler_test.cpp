@@ -221,3 +221,28 @@ TEST_CASE("memory: ZeRO stages shrink model states, and 1F1B holds pp-s microbat
   CHECK(act(gp) / act(ofb) > 2.0);  // the step's tokens and transients are the same for both
   CHECK(act(gp) / act(ofb) < 8.0 / 3.0 + 0.01);
 }
+
+TEST_CASE("the global norm is a rendezvous: every rank's share starts together, and no update steps before it") {
+  Planner f;
+  sched::PlanOptions opt;
+  opt.cmd.sets = {"pp=4", "mb=8"};
+  opt.cost_spec = "F=1,B=2,W=1,comm=0";
+  opt.verify_each = true;
+  opt.global_norm = true;
+  auto p = f.compile("use \"1f1b.piper\";\n", opt);
+  REQUIRE_MESSAGE(p, f.errors());
+  std::vector<double> norm_start;
+  double last_backward = 0, first_update = 1e30;
+  for (size_t v = 0; v < p->dag.nodes.size(); ++v) {
+    const ir::Node& n = p->dag.nodes[v];
+    if (n.payload == ir::Payload::Norm) norm_start.push_back(p->schedule.start[v]);
+    if (n.op == ir::Op::B) last_backward = std::max(last_backward, p->schedule.finish[v]);
+    if (n.op == ir::Op::U) first_update = std::min(first_update, p->schedule.start[v]);
+  }
+  REQUIRE(norm_start.size() == 4);
+  for (double t : norm_start) CHECK(t == doctest::Approx(norm_start.front()));
+  // Stage 0's last backward ends the pipeline's; under 1F1B the last stage would otherwise update at once.
+  CHECK(norm_start.front() == doctest::Approx(last_backward));
+  CHECK(first_update >= last_backward);
+  CHECK(!find_deadlock(p->dag, p->schedule));
+}

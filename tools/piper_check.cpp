@@ -68,6 +68,7 @@ struct CheckArgs {
   std::optional<int64_t> np, batch;
   std::vector<std::string> sets, include_dirs;
   bool verify = false, list_emits = false, list_passes = false, verify_each = false, simulate = false, fit = false;
+  bool global_norm = false;
   std::string print_after, cost_spec, machine_path, budget_text;
 };
 
@@ -94,6 +95,8 @@ std::optional<int> parse(int argc, char** argv, CheckArgs& a) {
                "--emit report, else to stdout beside -o FILE or to stderr");
   app.add_option("--machine", a.machine_path, "machine description for costs (machines/h100.json, a100, h200, unit)");
   app.add_option("--cost", a.cost_spec, "unit costs instead of a machine: F=1,B=2,W=1,comm=0[,FB=..] (the default)");
+  app.add_flag("--clip-grad-norm", a.global_norm,
+               "plan for clipping by the global gradient norm, as piper-run --clip-grad-norm runs it (its all-reduce)");
   app.add_option("--memory-budget", a.budget_text, "per-device memory budget for --simulate, e.g. 80GiB");
   app.add_flag("--fit", a.fit, "with --memory-budget: the largest microbatch (samples) whose plan fits the budget");
   app.add_flag("--verify-diagnostics", a.verify,
@@ -130,6 +133,7 @@ sched::PlanOptions plan_options(const CheckArgs& a) {
   opt.machine_path = a.machine_path;
   opt.cost_spec = a.cost_spec;
   opt.verify_each = a.verify_each;
+  opt.global_norm = a.global_norm;
   return opt;
 }
 

@@ -131,14 +131,17 @@ int train(RefArgs a) {
     torch::NoGradGuard no_grad;
     if (bf16)
       for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = compute[i].grad().to(torch::kFloat);
+    double norm = -1;  // PyTorch's own clipping (infinity: the norm measured, nothing clipped)
+    if (a.recipe.clip_grad_norm > 0) norm = torch::nn::utils::clip_grad_norm_(params, a.recipe.clip_grad_norm);
     opt->step();
     if (bf16)
       for (size_t i = 0; i < params.size(); ++i) compute[i].copy_(params[i]);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fmt::print("step {:>4}  loss {:.6f}  {:.0f} tokens/s\n", step + 1, loss.item<double>(), double(a.batch * a.seq) / secs);
+    const std::string norm_key = norm >= 0 ? fmt::format("\"grad_norm\":{:.9g},", norm) : "";
     if (metrics.is_open())
-      metrics << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"lr\":{:.9g},\"tokens_per_s\":{:.1f},\"step_s\":{:.6f}}}\n", step + 1,
-                             loss.item<double>(), lr, double(a.batch * a.seq) / secs, secs);
+      metrics << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"lr\":{:.9g},{}\"tokens_per_s\":{:.1f},\"step_s\":{:.6f}}}\n",
+                             step + 1, loss.item<double>(), lr, norm_key, double(a.batch * a.seq) / secs, secs);
   }
   double sum = 0, sumsq = 0;
   for (auto& p : params) {

@@ -23,6 +23,10 @@ inline void add_recipe_options(CLI::App& app, double& lr, runtime::Recipe& r, st
   app.add_option("--weight-decay", r.weight_decay,
                  "AdamW's decoupled weight decay on parameters of two or more dimensions (none on biases and norms)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--clip-grad-norm", r.clip_grad_norm,
+                 "clip the gradients to this global norm (every parameter counted once over all ranks, as "
+                 "torch's clip_grad_norm_); inf measures and reports it without clipping")
+      ->check(CLI::PositiveNumber);
 }
 
 // After parsing: the betas into the recipe, and what does not go together refused.

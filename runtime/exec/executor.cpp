@@ -120,6 +120,8 @@ StepResult Executor::Impl::step(int64_t s) {
     tokens = dev.is_cpu() ? host.clone() : host.to(dev);
   }
   res.lr = opt.recipe.lr_at(opt.lr, s);  // the schedule: every stage steps at this step's rate
+  grad_norm = -1;
+  clip_scale = 1;
   for (auto& [stage, sp] : params) {
     sp->start_step();
     sp->set_lr(res.lr);
@@ -146,6 +148,7 @@ StepResult Executor::Impl::step(int64_t s) {
   }
   comm.all_reduce_sum(&loss, 1, everyone(comm), kRuntimeChannel);
   res.loss = loss / static_cast<double>(view.replicas);
+  res.grad_norm = grad_norm;
   values.assign(g.nodes.size(), {});
   pieces_io.clear();
   tokens = torch::Tensor();
@@ -181,6 +184,12 @@ Executor::Executor(const sched::Plan& plan, const std::string& model_path, const
   if (!missing.empty())
     throw std::runtime_error(fmt::format("this plan uses what the runtime does not execute yet: {}",
                                          fmt::join(missing, ", ")));
+  // The norm's all-reduce is part of the plan (the simulator prices it): plan and recipe must agree.
+  const bool normed = std::any_of(plan.dag.nodes.begin(), plan.dag.nodes.end(),
+                                  [](const Node& n) { return n.payload == ir::Payload::Norm; });
+  if (normed != (options.recipe.clip_grad_norm > 0))
+    throw std::logic_error(normed ? "the plan clips by the global norm but the recipe sets no --clip-grad-norm"
+                                  : "--clip-grad-norm needs a plan compiled with the global norm (PlanOptions::global_norm)");
   impl_ = std::make_unique<Impl>(plan, model_path, data, comm, std::move(options));
   impl_->setup();
 }

@@ -34,6 +34,7 @@ struct ExecutorOptions {
 struct StepResult {
   double loss = 0;     // mean over the global batch (the same number on every rank)
   double lr = 0;       // the learning rate the step was taken with
+  double grad_norm = -1;  // the global gradient norm before clipping (-1: the plan measures none)
   double seconds = 0;
   std::vector<OpSpan> ops;
   double ops_began = 0;  // steady-clock seconds at which `ops`' times start (this rank's clock)

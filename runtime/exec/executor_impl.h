@@ -52,6 +52,8 @@ struct Executor::Impl {
 
   std::string model_path;
   int64_t cur_step = 0;  // 1-based, for fault injection
+  // This step's global gradient norm (ALLREDUCE_N) and the scale every update applies to its gradients.
+  double grad_norm = -1, clip_scale = 1;
   std::optional<Fault> fault;
 
   Impl(const sched::Plan& p, const std::string& path, const TokenData& d, Communicator& c, ExecutorOptions o);
@@ -85,6 +87,7 @@ struct Executor::Impl {
   void send(ir::NodeId v);
   void recv(ir::NodeId v);
   void sum_tied(int32_t tie);
+  void global_norm();
   void run(ir::NodeId v);
   void run_op(ir::NodeId v);
 

@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "runtime/device/memory_counter.h"
 #include "runtime/exec/executor_impl.h"
 #include "runtime/exec/experts.h"
@@ -74,7 +76,7 @@ void Executor::Impl::forward(NodeId v) {
   out.clear();
   for (const auto& t : io.outputs) out.push_back(t.detach());
   if (loss) losses[static_cast<size_t>(v)] = io.outputs.at(0).item<double>();
-  if (n.flags & ir::kFreeParams) params_of(n).release_units(g.segment_of(n).dense);
+  if (n.flags & ir::kFreeParams) params_of(n).release_units(g.segment_of(n));
 }
 
 void Executor::Impl::backward(NodeId v) {
@@ -87,15 +89,15 @@ void Executor::Impl::backward(NodeId v) {
     if (pm.moe_end) grads = {io.grad_residual, from.at(0), from.at(1)};
     else grads = {from.at(0)};
   }
-  const ir::Range range = g.segment_of(n).dense;
+  const ir::Segment& piece = g.segment_of(n);
   StageParams& sp = params_of(n);
-  if (n.op != Op::BI) sp.begin_backward(range, n.microbatch);
+  if (n.op != Op::BI) sp.begin_backward(piece, n.microbatch);
   run_backward(pm, io, n.op, std::move(grads), loss_for(n));
   // The input gradients live as long as their consumers need them (values), not the whole step.
   if (n.op != Op::BW) values[static_cast<size_t>(v)] = std::move(io.grad_inputs);
   io.grad_inputs.clear();
-  if (n.op != Op::BI) sp.end_backward(range);
-  if (n.flags & ir::kFreeParams) sp.release_units(range);
+  if (n.op != Op::BI) sp.end_backward(piece);
+  if (n.flags & ir::kFreeParams) sp.release_units(piece);
 }
 
 void Executor::Impl::all_to_all(NodeId v) {
@@ -155,6 +157,17 @@ void Executor::Impl::sum_tied(int32_t tie) {
   for (size_t i = 1; i < grads.size(); ++i) grads[i].copy_(grads[0]);
 }
 
+// ALLREDUCE_N: every rank's share of the squared global norm (what it owns, each parameter once over
+// all ranks) summed over everyone; the scale is torch's clip_grad_norm_'s, max / (norm + 1e-6) at most 1.
+void Executor::Impl::global_norm() {
+  double sq = 0;
+  for (auto& [stage, sp] : params) sq += sp->grad_square_sum(view.replica == 0);
+  comm.all_reduce_sum(&sq, 1, everyone(comm), kNormChannel);
+  grad_norm = std::sqrt(sq);
+  const double max = opt.recipe.clip_grad_norm;
+  clip_scale = std::isinf(max) ? 1.0 : std::min(1.0, max / (grad_norm + 1e-6));
+}
+
 // Runs an op, then lets go of what its predecessors produced once their last consumer ran, so
 // boundary activations and gradients live as long as they are needed, not the whole step.
 void Executor::Impl::run(NodeId v) {
@@ -180,11 +193,12 @@ void Executor::Impl::run_op(NodeId v) {
     case Op::B:
     case Op::BI:
     case Op::BW: return backward(v);
-    case Op::U: return params_of(n).update();
+    case Op::U: return params_of(n).update(clip_scale);
     case Op::Send: return send(v);
     case Op::Recv: return recv(v);
     case Op::AllReduce:
       if (n.payload == ir::Payload::Tied) return sum_tied(n.bucket);
+      if (n.payload == ir::Payload::Norm) return global_norm();
       return params_of(n).all_reduce(static_cast<size_t>(n.bucket));
     case Op::ReduceScatter: return params_of(n).reduce_scatter(static_cast<size_t>(n.bucket), n.microbatch);
     case Op::AllGather:

@@ -16,6 +16,9 @@ struct Recipe {
   // AdamW's decoupled weight decay, on parameters of two or more dimensions only (matrices and
   // embeddings; biases and norms' gains have one): nanoGPT's rule.
   double weight_decay = 0;
+  // Clipping by the global gradient norm (torch's clip_grad_norm_): 0 off; infinity measures and
+  // reports the norm without clipping.
+  double clip_grad_norm = 0;
 
   // The learning rate of 0-based `step` for peak rate `lr`.
   double lr_at(double lr, int64_t step) const {

@@ -240,18 +240,18 @@ std::vector<size_t> StageParams::params_in(const ir::Range& r) const {
 }
 
 namespace {
-std::vector<size_t> overlapping(const std::vector<ir::Range>& ranges, const ir::Range& r) {
+std::vector<size_t> touched(const std::vector<ir::Range>& ranges, const ir::Segment& piece) {
   std::vector<size_t> out;
   for (size_t i = 0; i < ranges.size(); ++i)
-    if (ranges[i].begin < r.end && r.begin < ranges[i].end) out.push_back(i);
+    if (piece.touches(ranges[i])) out.push_back(i);
   return out;
 }
 }  // namespace
 
-std::vector<size_t> StageParams::units_in(const ir::Range& r) const { return overlapping(view_.facts->replication.units, r); }
+std::vector<size_t> StageParams::units_of(const ir::Segment& piece) const { return touched(view_.facts->replication.units, piece); }
 
-std::vector<size_t> StageParams::buckets_in(const ir::Range& r) const {
-  return overlapping(view_.facts->replication.buckets, r);
+std::vector<size_t> StageParams::buckets_of(const ir::Segment& piece) const {
+  return touched(view_.facts->replication.buckets, piece);
 }
 
 std::vector<size_t> StageParams::relative(const std::vector<int64_t>& shards) const {
@@ -273,11 +273,11 @@ void StageParams::start_step() {
     if (h != 0) throw std::logic_error("a ZeRO-3 unit is still held at the start of a step");
 }
 
-void StageParams::begin_backward(const ir::Range& range, int32_t mb) {
+void StageParams::begin_backward(const ir::Segment& piece, int32_t mb) {
   if (view_.zero() < 2) return;
   torch::NoGradGuard no_grad;
   const auto& buckets = view_.facts->replication.buckets;
-  for (size_t b : buckets_in(range)) {
+  for (size_t b : buckets_of(piece)) {
     torch::Tensor buf;
     {
       std::lock_guard lk(mu_);
@@ -293,21 +293,25 @@ void StageParams::begin_backward(const ir::Range& range, int32_t mb) {
   }
 }
 
-void StageParams::end_backward(const ir::Range& range) {
+void StageParams::end_backward(const ir::Segment& piece) {
   if (grad16_.defined()) {  // bf16: this piece's gradients into the fp32 accumulator, then start again
     torch::NoGradGuard no_grad;
     MemScope scope(MemCategory::Grads);
-    // In chunks: a mixed-precision add casts its bf16 operand to a temporary first.
-    for (int64_t a = range.begin; a < range.end; a += kOptimizerChunk) {
-      const int64_t n = std::min(kOptimizerChunk, range.end - a);
-      grad_.narrow(0, a, n).add_(grad16_.narrow(0, a, n));
+    std::vector<ir::Range> ranges{piece.dense};
+    ranges.insert(ranges.end(), piece.tied.begin(), piece.tied.end());
+    for (const ir::Range& range : ranges) {
+      // In chunks: a mixed-precision add casts its bf16 operand to a temporary first.
+      for (int64_t a = range.begin; a < range.end; a += kOptimizerChunk) {
+        const int64_t n = std::min(kOptimizerChunk, range.end - a);
+        grad_.narrow(0, a, n).add_(grad16_.narrow(0, a, n));
+      }
+      grad16_.narrow(0, range.begin, range.size()).zero_();
     }
-    grad16_.narrow(0, range.begin, range.size()).zero_();
     return;
   }
   if (view_.zero() < 2) return;
   // The buffers stay (held by mb_grads_) until their reduce-scatter; the parameters let go.
-  for (size_t b : buckets_in(range))
+  for (size_t b : buckets_of(piece))
     for (size_t i : params_in(view_.facts->replication.buckets[b])) dense_[i].mutable_grad() = torch::Tensor();
 }
 
@@ -396,23 +400,26 @@ void StageParams::gather_unit(size_t u, int consumers) {
   }
 }
 
-void StageParams::release_units(const ir::Range& range) {
+void StageParams::release_units(const ir::Segment& piece) {
   std::lock_guard lk(mu_);
-  for (size_t u : units_in(range))
+  for (size_t u : units_of(piece))
     if (holders_[u] > 0 && --holders_[u] == 0) {
       if (before_release_) before_release_(unit_[u]);
       resize_storage(unit_[u], 0);
     }
 }
 
-void StageParams::update() {
+void StageParams::update(double clip) {
   torch::NoGradGuard no_grad;
   const double ways = static_cast<double>(std::max<size_t>(1, view_.dp_group.size()));
-  if (view_.replicated()) {  // the replicas' sum, averaged
-    if (view_.zero() == 0) grad_.div_(ways);
-    for (auto& g : shard_grad_) g.div_(ways);
+  if (view_.replicated()) {  // the replicas' sum, averaged (and clipped: one multiplication)
+    if (view_.zero() == 0) grad_.mul_(clip / ways);
+    for (auto& g : shard_grad_) g.mul_(clip / ways);
+  } else if (clip != 1.0 && grad_.defined()) {
+    grad_.mul_(clip);
   }
-  if (expert_grad_.defined() && expert_replicas_ > 1) expert_grad_.div_(static_cast<double>(expert_replicas_));
+  if (expert_grad_.defined() && (expert_replicas_ > 1 || clip != 1.0))
+    expert_grad_.mul_(clip / static_cast<double>(expert_replicas_));
   optimizer_.step();
   if (bf16_ && view_.zero() == 0) compute_.copy_(flat_);  // ZeRO-1/2: as each bucket is gathered
 }
@@ -467,6 +474,33 @@ std::pair<double, double> StageParams::checksum(bool owner_of_replicated) const 
   }
   if (expert_flat_.defined()) add(expert_flat_);
   return {sum, sumsq};
+}
+
+double StageParams::grad_square_sum(bool owner_of_replicated) const {
+  torch::NoGradGuard no_grad;
+  // linalg_vector_norm reduces without a temporary (the norm of a norm-sized copy would double a
+  // stage's gradient memory); its square in double, as torch's clip_grad_norm_ combines per-tensor norms.
+  auto sq = [](const torch::Tensor& t) {
+    const double n = at::linalg_vector_norm(t.detach().reshape({-1}), 2).item<double>();
+    return n * n;
+  };
+  const double ways = static_cast<double>(std::max<size_t>(1, view_.dp_group.size()));
+  const double avg = view_.replicated() ? 1.0 / (ways * ways) : 1.0;  // of the replicas' sum
+  const ir::Replication& rep = view_.facts->replication;
+  const std::vector<ir::Range>& mine = view_.facts->storage.members[view_.member].stepped;
+  double sum = 0;
+  if (view_.zero() == 3) {
+    for (size_t u = 0; u < rep.units.size(); ++u)
+      if (!is_copy(rep.units[u])) sum += avg * sq(shard_grad_[u]);
+  } else if (view_.zero() > 0) {
+    for (size_t b = 0; b < mine.size(); ++b)
+      if (!is_copy(rep.buckets[b])) sum += avg * sq(shard_grad_[grad_shard_of_[b]]);
+  } else if (owner_of_replicated) {
+    for (size_t i = 0; i < dense_.size(); ++i)  // a tied copy is counted where its original is
+      if (copy_.empty() || !copy_[i]) sum += avg * sq(grad_.narrow(0, offset_[i], dense_[i].numel()));
+  }
+  if (expert_grad_.defined()) sum += sq(expert_grad_) / double(expert_replicas_ * expert_replicas_);
+  return sum;
 }
 
 void StageParams::pieces(bool expert, int64_t at, const torch::Tensor& value, const torch::Tensor& m, const torch::Tensor& v,

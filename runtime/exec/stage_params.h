@@ -69,19 +69,26 @@ class StageParams {
   void start_step();  // gradients to zero
   // The backward of a piece over `range` for microbatch `mb` starts / ends (ZeRO-2/3: its gradients
   // go to this microbatch's bucket buffers, reduce-scattered and freed by the comm stream).
-  void begin_backward(const ir::Range& range, int32_t mb);
-  void end_backward(const ir::Range& range);
+  void begin_backward(const ir::Segment& piece, int32_t mb);
+  void end_backward(const ir::Segment& piece);
   // Collectives of the stage's replication, by bucket (or ZeRO-3 unit).
   void all_reduce(size_t bucket);
   void reduce_scatter(size_t bucket, int32_t mb);  // mb -1: once per step (ZeRO-1)
   void all_gather(size_t bucket);                  // ZeRO-1/2: updated parameters, after the update
   void gather_unit(size_t unit, int consumers);    // ZeRO-3: before `consumers` pieces use the unit
-  void release_units(const ir::Range& range);      // ZeRO-3: after a piece used them
+  void release_units(const ir::Segment& piece);    // ZeRO-3: after a piece used them
   // On a device: called on the releasing thread with a unit's storage before it is let go (the
   // allocator must not reuse it before the stream that computed with it is done).
   void set_before_release(std::function<void(const torch::Tensor&)> f) { before_release_ = std::move(f); }
-  void update();
+  // The step: gradients averaged over the replicas and multiplied by `clip` (the global norm's
+  // clipping scale, 1 when not clipping), then the optimizer.
+  void update(double clip = 1.0);
   void set_lr(double lr) { optimizer_.set_lr(lr); }
+  // The sum of squares of the averaged gradients this rank owns — what checksum counts, so every
+  // parameter of the model exactly once over all ranks: its shards, or (replicated without ZeRO)
+  // everything on the owner; tied copies where their original is; its experts. Final after the
+  // stage's reductions and tied sums (the norm pass orders it so).
+  double grad_square_sum(bool owner_of_replicated) const;
   // The gradient of tied parameter `tie` that this rank steps (its shard with ZeRO), final after the
   // stage's reductions; ALLREDUCE_T sums it with the other copies'.
   torch::Tensor tied_grad(int32_t tie);
@@ -132,8 +139,8 @@ class StageParams {
   // to, relative to `at`: those of parameters with two or more dimensions.
   std::vector<std::pair<int64_t, int64_t>> decayed_in(bool expert, int64_t at, int64_t len) const;
   std::vector<size_t> params_in(const ir::Range& r) const;
-  std::vector<size_t> units_in(const ir::Range& r) const;
-  std::vector<size_t> buckets_in(const ir::Range& r) const;
+  std::vector<size_t> units_of(const ir::Segment& piece) const;    // the ZeRO-3 units a piece touches
+  std::vector<size_t> buckets_of(const ir::Segment& piece) const;  // the buckets it writes gradients into
   std::vector<size_t> relative(const std::vector<int64_t>& shards) const;
   // The pieces of layout elements [at, at + len) (dense or expert layout) held in the given tensors.
   void pieces(bool expert, int64_t at, const torch::Tensor& value, const torch::Tensor& m, const torch::Tensor& v,

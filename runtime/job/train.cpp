@@ -72,8 +72,10 @@ class StepReporter {
     const double tps = double(tokens_) / r.seconds;
     const size_t fullest = static_cast<size_t>(std::max_element(mem.peak.begin(), mem.peak.end()) - mem.peak.begin());
     if (o_.progress) fmt::print("\r\033[K");  // replace the progress bar with the step's line
-    fmt::print("step {:>4}/{}  loss {:.6f}  lr {:.3g}  {:>8.0f} tokens/s  {:.3f} s  tensors {} (rank {})  rss {}\n", s + 1, o_.steps,
-               r.loss, r.lr, tps, r.seconds, human_bytes(double(mem.peak[fullest])), fullest, human_bytes(double(peak_rss_bytes())));
+    const std::string norm = r.grad_norm >= 0 ? fmt::format("  grad norm {:.4g}", r.grad_norm) : "";
+    fmt::print("step {:>4}/{}  loss {:.6f}  lr {:.3g}{}  {:>8.0f} tokens/s  {:.3f} s  tensors {} (rank {})  rss {}\n", s + 1,
+               o_.steps, r.loss, r.lr, norm, tps, r.seconds, human_bytes(double(mem.peak[fullest])), fullest,
+               human_bytes(double(peak_rss_bytes())));
     if (o_.progress && s + 1 < o_.steps) {
       const auto done = static_cast<size_t>(40 * (s + 1) / o_.steps);
       fmt::print("[{}{}] {}/{}", std::string(done, '#'), std::string(40 - done, '.'), s + 1, o_.steps);
@@ -83,11 +85,12 @@ class StepReporter {
     nlohmann::json by_category;
     for (int c = 0; c < kMemCategories; ++c)
       by_category[mem_category_name(static_cast<MemCategory>(c))] = mem.at_peak[fullest][static_cast<size_t>(c)];
-    metrics_ << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"lr\":{:.9g},\"tokens_per_s\":{:.1f},\"step_s\":{:.6f},"
+    const std::string norm_key = r.grad_norm >= 0 ? fmt::format("\"grad_norm\":{:.9g},", r.grad_norm) : "";
+    metrics_ << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"lr\":{:.9g},{}\"tokens_per_s\":{:.1f},\"step_s\":{:.6f},"
                             "\"peak_mem_bytes\":{},\"peak_tensor_bytes\":{},\"peak_tensor_bytes_by_rank\":[{}],"
                             "\"peak_tensor_bytes_by_category\":{}}}\n",
-                            s + 1, r.loss, r.lr, tps, r.seconds, peak_rss_bytes(), mem.peak[fullest], fmt::join(mem.peak, ","),
-                            by_category.dump())
+                            s + 1, r.loss, r.lr, norm_key, tps, r.seconds, peak_rss_bytes(), mem.peak[fullest],
+                            fmt::join(mem.peak, ","), by_category.dump())
              << std::flush;
   }
   void finish(std::pair<double, double> checksum) {
@@ -139,6 +142,7 @@ int train(const TrainOptions& o, Communicator& comm) {
   opt.cmd.np = comm.size();
   opt.cmd.sets = o.sets;
   opt.cmd.batch_size = o.batch;
+  opt.global_norm = o.recipe.clip_grad_norm > 0;
   opt.cmd.search_path = o.include;
   for (auto& d : default_search_path()) opt.cmd.search_path.push_back(d);
   std::string errors;

@@ -57,7 +57,7 @@ TEST_CASE("BI then BW computes what B computes, once") {
   for (size_t i = 0; i < want.size(); ++i) CHECK(torch::allclose(got[i], want[i], 1e-5, 1e-6));
 }
 
-TEST_CASE("after BI the graph holds only what the weight gradients need; after BW nothing") {
+TEST_CASE("after BI the graph holds only what the weight gradients need, after BW nothing") {
   install_memory_counter();
   set_memory_rank(7);
   torch::manual_seed(0);

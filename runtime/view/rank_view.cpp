@@ -104,6 +104,8 @@ RankView make_rank_view(const sched::Plan& p, int rank, int world, int max_tag) 
   std::vector<int> everyone(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) everyone[static_cast<size_t>(r)] = r;
   v.groups.insert({everyone, kRuntimeChannel});
+  if (std::any_of(g.nodes.begin(), g.nodes.end(), [](const ir::Node& n) { return n.payload == ir::Payload::Norm; }))
+    v.groups.insert({everyone, kNormChannel});  // the global norm: its own sequence, during the step
 
   // Each send pairs with the receive at the same position of the peer class; both ends compute the
   // tag from the send node.

@@ -13,7 +13,8 @@
 namespace piper::runtime {
 
 // Communicator channels: independent sequences of collectives on one group (see communicator.h).
-enum Channel : int { kReplicaChannel = 1, kRuntimeChannel = 2, kHashChannel = 3, kExpertChannel = 4, kTieChannel = 5 };
+enum Channel : int { kReplicaChannel = 1, kRuntimeChannel = 2, kHashChannel = 3, kExpertChannel = 4, kTieChannel = 5,
+               kNormChannel = 6 };
 
 struct StageView {
   int32_t stage = -1;
