@@ -8,7 +8,7 @@ build=${1:-$root/build}
 packages=(
   g++ cmake ninja-build ccache pkg-config python3 universal-ctags
   antlr4 libantlr4-runtime-dev default-jre-headless
-  libfmt-dev nlohmann-json3-dev libcli11-dev doctest-dev libzip-dev
+  libfmt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev doctest-dev libzip-dev
   libtorch-dev python3-torch libopenblas0-pthread
   libopenmpi-dev openmpi-bin
 )

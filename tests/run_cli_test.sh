@@ -1,20 +1,8 @@
 #!/usr/bin/env bash
 # piper-run from the outside: without mpirun, refusing plans it cannot run, and its errors.
-set -uo pipefail
-run=$1 model_bin=$2
-root=$(cd "$(dirname "$0")/.." && pwd)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=tests/mpi_test_lib.sh
+source "$(dirname "$0")/mpi_test_lib.sh"
 export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1
-fails=0
-expect() {  # expect STATUS TEXT DESCRIPTION -- command...
-  local want=$1 text=$2 what=$3; shift 4
-  "$@" >"$tmp/out" 2>&1
-  local got=$?
-  if [ "$got" != "$want" ] || ! grep -qF -- "$text" "$tmp/out"; then
-    echo "FAIL: $what: exit $got (want $want), looking for '$text' in:"; cat "$tmp/out"; fails=$((fails + 1))
-  fi
-}
 "$model_bin" gpt --layers 2 --d-model 32 --ffn 64 --seq 16 -o "$tmp/m.pt"
 expect 0 "step    3/3" "runs without mpirun, one rank" -- "$run" "$tmp/m.pt" "$root/strategies/single.piper" --steps 3 --threads 1
 expect 1 "the mesh has 2 devices (pp=2) but the world has 1 ranks" "a strategy for 2 ranks on 1" -- \

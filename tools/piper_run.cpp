@@ -17,6 +17,7 @@
 #include "runtime/job/train.h"
 #include "runtime/profile/profiler.h"
 #include "tools/recipe_options.h"
+#include "tools/run_file.h"
 
 using namespace piper;
 using namespace piper::runtime;
@@ -61,6 +62,8 @@ std::optional<int> parse(int argc, char** argv, RunArgs& a, bool lead) {
       ->check(CLI::PositiveNumber);
   app.add_option("--resume", t.resume_dir,
                  "continue from the newest checkpoint under DIR, saved by any strategy for this model, to --steps");
+  app.add_flag("--accept-changes", t.accept_changes,
+               "with --resume: continue although the optimizer's recipe differs from the checkpoint's (refused otherwise)");
   app.add_option("--op-timeout", t.op_timeout,
                  "seconds an op may run or wait before a watchdog reports every stream and ends the job (0: never)")
       ->check(CLI::NonNegativeNumber)
@@ -74,6 +77,9 @@ std::optional<int> parse(int argc, char** argv, RunArgs& a, bool lead) {
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--save-model", t.save_model, "write the trained model as a TorchScript model.pt with its manifest");
+  std::string write_config;
+  auto run_file = TomlRunFile::install(app, write_config);
+  run_file->find_path(argc, argv);
   app.add_option("--progress", a.progress, "a progress bar between step lines: auto (when stdout is a terminal of "
                  "its own, not under mpirun, whose ranks write to a pseudo-terminal even into a log), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
@@ -83,8 +89,13 @@ std::optional<int> parse(int argc, char** argv, RunArgs& a, bool lead) {
     if (t.strategy.empty() && a.profile_path.empty()) throw CLI::RequiredError("STRATEGY");
     check_recipe(t.optimizer, t.recipe, betas);
   } catch (const CLI::ParseError& e) {
-    const int rc = lead ? app.exit(e) : e.get_exit_code();
-    return rc == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0 || !lead) return lead ? app.exit(e) : 0;
+    fmt::print(stderr, "piper-run: {}\nRun with --help for more information.\n", run_file->locate(e.what()));
+    return 2;
+  }
+  if (lead && !run_file->write(app, write_config)) {
+    fmt::print(stderr, "piper-run: error: --write-config {}: cannot write\n", write_config);
+    return 2;
   }
   t.threads = threads > 0 ? static_cast<int>(threads) : default_threads();
   t.progress = a.progress == "on" || (a.progress == "auto" && stdout_is_terminal());

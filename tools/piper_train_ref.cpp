@@ -15,6 +15,7 @@
 
 #include "runtime/model/data.h"
 #include "tools/recipe_options.h"
+#include "tools/run_file.h"
 
 namespace {
 struct RefArgs {
@@ -41,13 +42,19 @@ std::optional<int> parse(int argc, char** argv, RefArgs& a) {
   app.add_option("--precision", a.precision, "fp32, or bf16: bf16 compute and activations, fp32 master weights and optimizer")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
+  std::string write_config;
+  auto run_file = piper::TomlRunFile::install(app, write_config);  // the same run files piper-run reads
+  run_file->find_path(argc, argv);
   try {
     app.parse(argc, argv);
     piper::check_recipe(a.optimizer, a.recipe, betas);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);
+    fmt::print(stderr, "piper-train-ref: {}\n", run_file->locate(e.what()));
+    return 2;
   }
-  a.recipe.decay_steps = a.steps;
+  if (!run_file->write(app, write_config)) return 2;
+  if (a.recipe.decay_steps <= 0) a.recipe.decay_steps = a.steps;
   return std::nullopt;
 }
 

@@ -18,6 +18,8 @@ inline void add_recipe_options(CLI::App& app, double& lr, runtime::Recipe& r, st
   app.add_option("--warmup-steps", r.warmup_steps, "steps the rate rises over first (nanoGPT's: lr * (step+1) / (warmup+1))")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--min-lr", r.min_lr, "the rate the decay ends at")->check(CLI::NonNegativeNumber);
+  app.add_option("--decay-steps", r.decay_steps, "the step the decay reaches --min-lr at (default: --steps; pin it to "
+                 "resume a run for longer on the same schedule)")->check(CLI::PositiveNumber);
   app.add_option("--betas", betas, "AdamW's beta1,beta2 (default 0.9,0.999)")->delimiter(',')->expected(2);
   app.add_option("--eps", r.eps, "AdamW's epsilon")->capture_default_str();
   app.add_option("--weight-decay", r.weight_decay,

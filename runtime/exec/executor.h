@@ -57,9 +57,11 @@ class Executor {
   // Checkpoints (runtime/checkpoint.h): every rank calls these. save_checkpoint writes the state
   // after `steps_done` steps under DIR and returns the checkpoint's path; load_checkpoint fills this
   // plan's parameters and optimizer state from the newest checkpoint under DIR, saved by any plan of
-  // the same model, and returns its step (`note` says what was loaded).
-  std::string save_checkpoint(const std::string& dir, int64_t steps_done, const std::string& strategy);
-  int64_t load_checkpoint(const std::string& dir, std::string* note);
+  // the same model, and returns its step (`note` says what was loaded). `settings` (JSON text: the
+  // run's resolved options) is recorded with the checkpoint and handed back when it is loaded.
+  std::string save_checkpoint(const std::string& dir, int64_t steps_done, const std::string& strategy,
+                              const std::string& settings = "{}");
+  int64_t load_checkpoint(const std::string& dir, std::string* note, std::string* settings = nullptr);
   // Rank 0 writes the trained model as a TorchScript model.pt with its manifest (all ranks call it).
   void save_model(const std::string& path);
   // What of the plan this executor cannot run; empty when the plan is supported.

@@ -13,7 +13,8 @@
 
 namespace piper::runtime {
 
-std::string Executor::save_checkpoint(const std::string& dir, int64_t steps_done, const std::string& strategy) {
+std::string Executor::save_checkpoint(const std::string& dir, int64_t steps_done, const std::string& strategy,
+                                      const std::string& settings) {
   Impl& x = *impl_;
   std::vector<StatePiece> mine;
   int64_t optimizer_steps = 0;
@@ -23,7 +24,7 @@ std::string Executor::save_checkpoint(const std::string& dir, int64_t steps_done
   }
   nlohmann::json meta{{"model", x.plan.manifest.model_name}, {"strategy", strategy}, {"optimizer", x.opt.optimizer},
                       {"optimizer_steps", optimizer_steps}, {"lr", x.opt.lr}, {"seed", x.opt.seed},
-                      {"batch_size", x.opt.global_batch}};
+                      {"batch_size", x.opt.global_batch}, {"settings", nlohmann::json::parse(settings)}};
   const auto all = everyone(x.comm);
   auto barrier = [&] {
     double z = 0;
@@ -38,7 +39,7 @@ std::string Executor::save_checkpoint(const std::string& dir, int64_t steps_done
   }
 }
 
-int64_t Executor::load_checkpoint(const std::string& dir, std::string* note) {
+int64_t Executor::load_checkpoint(const std::string& dir, std::string* note, std::string* settings) {
   Impl& x = *impl_;
   const std::string path = latest_checkpoint(dir);
   std::vector<StatePiece> want;
@@ -57,12 +58,10 @@ int64_t Executor::load_checkpoint(const std::string& dir, std::string* note) {
     throw std::runtime_error(fmt::format("checkpoint {}: saved with optimizer {}, this run uses {}", path,
                                          m.value("optimizer", "?"), x.opt.optimizer));
   for (auto& [stage, sp] : x.params) sp->loaded(m.value("optimizer_steps", int64_t{0}));
+  if (settings) *settings = m.value("settings", nlohmann::json::object()).dump();
   if (note) {
     *note = fmt::format("resumed from {} (step {}, saved by {} on {} ranks)", path, m.value("step", int64_t{0}),
                         m.value("strategy", "?"), m.value("world", 0));
-    if (m.value("seed", uint64_t{0}) != x.opt.seed || m.value("batch_size", int64_t{0}) != x.opt.global_batch)
-      *note += fmt::format("; note: it was saved with --seed {} --batch-size {}, this run uses {} and {}, so the data differ",
-                           m.value("seed", uint64_t{0}), m.value("batch_size", int64_t{0}), x.opt.seed, x.opt.global_batch);
   }
   return m.value("step", int64_t{0});
 }

@@ -12,6 +12,7 @@
 
 #include "lang/units.h"
 #include "runtime/exec/executor.h"
+#include "runtime/job/settings.h"
 #include "runtime/job/trace.h"
 #include "runtime/view/rank_view.h"
 #include "scheduler/plan.h"
@@ -116,7 +117,7 @@ void run_steps(const TrainOptions& o, Executor& ex, Communicator& comm, int64_t 
     if (lead) report->step(s, r, mem);
     if (!o.trace_path.empty()) spans.emplace_back(s, std::move(r));
     if (!o.checkpoint_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || s + 1 == o.steps)) {
-      const std::string at = ex.save_checkpoint(o.checkpoint_dir, s + 1, o.strategy);
+      const std::string at = ex.save_checkpoint(o.checkpoint_dir, s + 1, o.strategy, run_settings(o));
       if (lead) fmt::print("piper-run: checkpoint {}\n", at);
     }
   }
@@ -161,7 +162,7 @@ int train(const TrainOptions& o, Communicator& comm) {
   set_intra_op_threads(o.threads);
   ExecutorOptions eo{o.batch, o.lr, o.optimizer, o.seed, o.seq_len, o.op_timeout, o.device};
   eo.recipe = o.recipe;
-  eo.recipe.decay_steps = o.steps;  // the schedule decays over the run
+  if (eo.recipe.decay_steps <= 0) eo.recipe.decay_steps = o.steps;  // the schedule decays over the run
   Executor ex(*plan, o.model, data, comm, eo);
   const auto& first_region = plan->manifest.regions[static_cast<size_t>(plan->manifest.sequence.front())];
   const int64_t seq = o.seq_len > 0 ? o.seq_len : first_region.input->shape[0];
@@ -170,9 +171,19 @@ int train(const TrainOptions& o, Communicator& comm) {
                plan->dag.facts.stages.size(), plan->dag.facts.microbatches, plan->samples_per_microbatch(), o.threads);
   int64_t first = 0;
   if (!o.resume_dir.empty()) {
-    std::string note;
-    first = ex.load_checkpoint(o.resume_dir, &note);
+    std::string note, saved;
+    first = ex.load_checkpoint(o.resume_dir, &note, &saved);
     if (lead) fmt::print("piper-run: {}\n", note);
+    const SettingsChanges changed = compare_settings(saved, run_settings(o));
+    if (!changed.recipe.empty() && !o.accept_changes)
+      return fail(fmt::format("piper-run: error: --resume {}: this run changes the optimizer's recipe the checkpoint was "
+                              "trained with: {} (pass them as before, or --accept-changes to continue with the new ones)",
+                              o.resume_dir, fmt::join(changed.recipe, ", ")));
+    if (lead && !changed.recipe.empty())
+      fmt::print("piper-run: note: continuing with a changed recipe (--accept-changes): {}\n", fmt::join(changed.recipe, ", "));
+    if (lead && !changed.data.empty())
+      fmt::print("piper-run: note: the data settings differ from the checkpoint's, so other samples come next: {}\n",
+                 fmt::join(changed.data, ", "));
   }
   if (limit) set_memory_limit(comm.rank(), static_cast<int64_t>(*limit));
   run_steps(o, ex, comm, first, seq);

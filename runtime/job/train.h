@@ -26,6 +26,7 @@ struct TrainOptions {
   std::string metrics_path, trace_path, checkpoint_dir, resume_dir, save_model;
   int64_t save_every = 0;
   bool progress = false;           // a progress bar between rank 0's step lines (a terminal of its own)
+  bool accept_changes = false;     // --resume may change the optimizer's recipe (said, not refused)
 };
 
 // Runs the job on this rank. Returns the exit status of an error every rank saw alike (rank 0 prints
