@@ -6,7 +6,7 @@
 # within 2e-4: the order in which microbatches' and replicas' bf16 gradients are summed differs.
 # PIPER_MODEL_ARGS adds piper-model flags (e.g. --tie-embeddings: the tied GPT); PIPER_RECIPE_ARGS
 # training-recipe flags (schedule, betas, weight decay, clipping) given to both trainers alike; with
-# clipping the per-step global norms are compared too.
+# clipping the per-step global norms are compared too, and with the recipe validation losses.
 # Usage: equivalence_test.sh PIPER_MODEL PIPER_TRAIN_REF PIPER_RUN NP STRATEGY [--set ...]
 set -euo pipefail
 model_bin=$1 ref_bin=$2 run_bin=$3 np=$4 strategy=$5
@@ -24,6 +24,8 @@ steps=${PIPER_STEPS:-20}
 common=(--data "$root/data/corpus.txt" --steps "$steps" --batch-size 8 --lr 1e-3 --seed 0)
 # shellcheck disable=SC2206  # word splitting of the flags is intended
 common+=(${PIPER_RECIPE_ARGS:-})
+# With the recipe, validation too: forward-only passes through the plan every 10 steps (a held-out text).
+[ -n "${PIPER_RECIPE_ARGS:-}" ] && common+=(--val-data "$root/README.md" --eval-every 10 --eval-batches 2)
 # A --seq-len among piper-run's extra arguments applies to the reference trainer too.
 ref_extra=()
 for ((i = 1; i <= $#; i++)); do
@@ -79,5 +81,12 @@ if norms[0][0] is not None:
     clipped = sum(a > 1.0 for a, _ in norms)
     assert clipped >= len(norms) // 2, f"clipping acted on {clipped} of {len(norms)} steps only"
     print(f"  global norm {norms[0][0]:.3f} -> {norms[-1][0]:.3f} equal to PyTorch's within {off:.1e}, above 1.0 on {clipped} steps")
+# Validation: the same forward-only losses as PyTorch's eval-mode pass on the same windows.
+vals = [[r["val_loss"] for r in (json.loads(l) for l in open(p)) if "val_loss" in r] for p in sys.argv[1:3]]
+if vals[0]:
+    assert len(vals[0]) == len(vals[1]), f"validation ran {len(vals[1])} times, the reference {len(vals[0])}"
+    off = max(abs(a - b) / a for a, b in zip(*vals))
+    assert off < tol, f"validation losses differ by up to {off:.2e} relative: {vals}"
+    print(f"  {len(vals[0])} validations {vals[0][0]:.4f} -> {vals[0][-1]:.4f} equal to the reference's within {off:.1e}")
 print(f"{sys.argv[3]}: {steps} losses {ref[0]:.4f} -> {ref[-1]:.4f}, max relative difference {worst:.1e}; final parameters agree")
 PY

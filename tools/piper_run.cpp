@@ -45,6 +45,12 @@ std::optional<int> parse(int argc, char** argv, RunArgs& a, bool lead) {
   add_recipe_options(app, t.lr, t.recipe, betas);
   app.add_option("--seed", t.seed, "data order seed")->capture_default_str();
   app.add_option("--data", t.data_path, "text file (byte tokens) or nanoGPT .bin")->capture_default_str();
+  app.add_option("--val-data", t.val_data, "validation text or .bin: forward-only steps through the same plan");
+  app.add_option("--eval-every", t.eval_every, "with --val-data: validate after every N steps and the last")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--eval-batches", t.eval_batches, "global batches per validation (fixed windows)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--set", t.sets, "override a strategy parameter: NAME=VALUE (repeatable)")->allow_extra_args(false);
   app.add_option("-I,--include", t.include, "extra folder for `use \"...\"`")->allow_extra_args(false);
   app.add_option("--metrics", t.metrics_path, "JSON lines, one per step (written by rank 0)");

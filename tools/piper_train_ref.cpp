@@ -19,8 +19,8 @@
 
 namespace {
 struct RefArgs {
-  std::string model_path, data_path, metrics_path, optimizer = "adamw", precision = "fp32";
-  int64_t steps = 20, batch = 8, seq = 0, threads = 0;
+  std::string model_path, data_path, metrics_path, optimizer = "adamw", precision = "fp32", val_data;
+  int64_t steps = 20, batch = 8, seq = 0, threads = 0, eval_every = 0, eval_batches = 8;
   double lr = 1e-3;
   piper::runtime::Recipe recipe;
   uint64_t seed = 0;
@@ -38,6 +38,9 @@ std::optional<int> parse(int argc, char** argv, RefArgs& a) {
   app.add_option("--optimizer", a.optimizer, "adamw | sgd")->check(CLI::IsMember({"adamw", "sgd"}))->capture_default_str();
   app.add_option("--seed", a.seed, "data order seed")->capture_default_str();
   app.add_option("--metrics", a.metrics_path, "JSON lines, one per step");
+  app.add_option("--val-data", a.val_data, "validation data: a forward-only pass in eval mode, as piper-run's");
+  app.add_option("--eval-every", a.eval_every, "with --val-data: after every N steps and the last")->check(CLI::PositiveNumber);
+  app.add_option("--eval-batches", a.eval_batches, "batches per validation (fixed windows)")->check(CLI::PositiveNumber);
   app.add_option("--threads", a.threads, "intra-op threads (default: LibTorch's)");
   app.add_option("--precision", a.precision, "fp32, or bf16: bf16 compute and activations, fp32 master weights and optimizer")
       ->check(CLI::IsMember({"fp32", "bf16"}))
@@ -110,6 +113,23 @@ std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> parameters(tor
   return {params, compute};
 }
 
+// The mean loss over the first `batches` windows of `val` (piper-run's fixed validation set), in
+// eval mode without a graph: what a PyTorch user's estimate_loss() does.
+double evaluate(torch::jit::Module& model, const RefArgs& a, const piper::runtime::TokenData& val) {
+  torch::NoGradGuard no_grad;
+  model.eval();
+  double total = 0;
+  for (int64_t k = 0; k < a.eval_batches; ++k) {
+    auto tokens = val.batch(a.seed, static_cast<uint64_t>(k), a.batch, 0, a.batch, a.seq);
+    auto t = torch::from_blob(tokens.data(), {a.batch, a.seq + 1}, torch::kLong).clone();
+    auto logits = model.forward({t.slice(1, 0, a.seq)}).toTensor().to(torch::kFloat);
+    total += torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), t.slice(1, 1).reshape({-1}))
+                 .item<double>();
+  }
+  model.train();
+  return total / static_cast<double>(a.eval_batches);
+}
+
 int train(RefArgs a) {
   if (a.threads > 0) torch::set_num_threads(static_cast<int>(a.threads));
   std::unordered_map<std::string, std::string> extra{{"piper/manifest.json", ""}};
@@ -121,6 +141,8 @@ int train(RefArgs a) {
   piper::runtime::TokenData data(a.data_path);
   if (a.seq <= 0) a.seq = nlohmann::json::parse(extra["piper/manifest.json"])["input"]["shape"][0].get<int64_t>();
   auto opt = make_optimizer(a, params);
+  std::optional<piper::runtime::TokenData> val;
+  if (!a.val_data.empty() && a.eval_every > 0) val.emplace(a.val_data);
   std::ofstream metrics;
   if (!a.metrics_path.empty()) metrics.open(a.metrics_path);
   for (int64_t step = 0; step < a.steps; ++step) {
@@ -145,7 +167,9 @@ int train(RefArgs a) {
       for (size_t i = 0; i < params.size(); ++i) compute[i].copy_(params[i]);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fmt::print("step {:>4}  loss {:.6f}  {:.0f} tokens/s\n", step + 1, loss.item<double>(), double(a.batch * a.seq) / secs);
-    const std::string norm_key = norm >= 0 ? fmt::format("\"grad_norm\":{:.9g},", norm) : "";
+    std::string norm_key = norm >= 0 ? fmt::format("\"grad_norm\":{:.9g},", norm) : "";
+    if (val && ((step + 1) % a.eval_every == 0 || step + 1 == a.steps))
+      norm_key += fmt::format("\"val_loss\":{:.9g},", evaluate(model, a, *val));
     if (metrics.is_open())
       metrics << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"lr\":{:.9g},{}\"tokens_per_s\":{:.1f},\"step_s\":{:.6f}}}\n",
                              step + 1, loss.item<double>(), lr, norm_key, double(a.batch * a.seq) / secs, secs);

@@ -35,6 +35,7 @@ struct StepResult {
   double loss = 0;     // mean over the global batch (the same number on every rank)
   double lr = 0;       // the learning rate the step was taken with
   double grad_norm = -1;  // the global gradient norm before clipping (-1: the plan measures none)
+  double val_loss = -1;   // validation after this step (-1: none; the job sets it, see Executor::evaluate)
   double seconds = 0;
   std::vector<OpSpan> ops;
   double ops_began = 0;  // steady-clock seconds at which `ops`' times start (this rank's clock)
@@ -51,6 +52,9 @@ class Executor {
            ExecutorOptions options);
   ~Executor();
   StepResult step(int64_t step);
+  // Validation: the mean loss over `batches` fixed windows of `val` (batch k: the k-th of the run's
+  // seed), forward only through the same plan, the model in eval mode; the same on every rank.
+  double evaluate(const TokenData& val, int64_t batches);
   // Sum and sum of squares of every model parameter (each counted once across replicas), the same
   // on every rank: compared with the reference trainer's to show the final weights agree.
   std::pair<double, double> param_checksum();

@@ -54,6 +54,12 @@ struct Executor::Impl {
   int64_t cur_step = 0;  // 1-based, for fault injection
   // This step's global gradient norm (ALLREDUCE_N) and the scale every update applies to its gradients.
   double grad_norm = -1, clip_scale = 1;
+  // Validation (evaluate.cpp): the forward-only program, its predecessors and threads; while it
+  // runs, forwards build no autograd graph.
+  sched::ClassProgram eval_program;
+  std::vector<std::vector<ir::NodeId>> eval_preds;
+  std::unique_ptr<StreamThreads> eval_threads;
+  std::atomic<bool> evaluating{false};
   std::optional<Fault> fault;
 
   Impl(const sched::Plan& p, const std::string& path, const TokenData& d, Communicator& c, ExecutorOptions o);
@@ -92,6 +98,8 @@ struct Executor::Impl {
   void run_op(ir::NodeId v);
 
   StepResult step(int64_t s);
+  void prepare_evaluation();
+  double evaluate(const TokenData& val, int64_t batches);
 };
 
 }  // namespace piper::runtime

@@ -69,7 +69,9 @@ void Executor::Impl::forward(NodeId v) {
     }
   }
   const LossFn loss = loss_for(n);
-  run_forward(pm, io, !(n.flags & ir::kRecompute), loss);
+  std::optional<torch::NoGradGuard> no_graph;  // validation: nothing to differentiate
+  if (evaluating) no_graph.emplace();
+  run_forward(pm, io, !(n.flags & ir::kRecompute) && !evaluating, loss);
   // Consumers get the outputs' data, not their graph: the graph is the piece's own, freed by its
   // backward (half by BI), not whenever the last consumer of the values happens to run.
   auto& out = values[static_cast<size_t>(v)];

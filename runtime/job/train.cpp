@@ -73,7 +73,8 @@ class StepReporter {
     const double tps = double(tokens_) / r.seconds;
     const size_t fullest = static_cast<size_t>(std::max_element(mem.peak.begin(), mem.peak.end()) - mem.peak.begin());
     if (o_.progress) fmt::print("\r\033[K");  // replace the progress bar with the step's line
-    const std::string norm = r.grad_norm >= 0 ? fmt::format("  grad norm {:.4g}", r.grad_norm) : "";
+    std::string norm = r.grad_norm >= 0 ? fmt::format("  grad norm {:.4g}", r.grad_norm) : "";
+    if (r.val_loss >= 0) norm += fmt::format("  val loss {:.6f}", r.val_loss);
     fmt::print("step {:>4}/{}  loss {:.6f}  lr {:.3g}{}  {:>8.0f} tokens/s  {:.3f} s  tensors {} (rank {})  rss {}\n", s + 1,
                o_.steps, r.loss, r.lr, norm, tps, r.seconds, human_bytes(double(mem.peak[fullest])), fullest,
                human_bytes(double(peak_rss_bytes())));
@@ -86,7 +87,8 @@ class StepReporter {
     nlohmann::json by_category;
     for (int c = 0; c < kMemCategories; ++c)
       by_category[mem_category_name(static_cast<MemCategory>(c))] = mem.at_peak[fullest][static_cast<size_t>(c)];
-    const std::string norm_key = r.grad_norm >= 0 ? fmt::format("\"grad_norm\":{:.9g},", r.grad_norm) : "";
+    std::string norm_key = r.grad_norm >= 0 ? fmt::format("\"grad_norm\":{:.9g},", r.grad_norm) : "";
+    if (r.val_loss >= 0) norm_key += fmt::format("\"val_loss\":{:.9g},", r.val_loss);
     metrics_ << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"lr\":{:.9g},{}\"tokens_per_s\":{:.1f},\"step_s\":{:.6f},"
                             "\"peak_mem_bytes\":{},\"peak_tensor_bytes\":{},\"peak_tensor_bytes_by_rank\":[{}],"
                             "\"peak_tensor_bytes_by_category\":{}}}\n",
@@ -108,11 +110,14 @@ class StepReporter {
 // The steps from `first` on, with checkpoints as asked; the spans for the trace when one is written.
 void run_steps(const TrainOptions& o, Executor& ex, Communicator& comm, int64_t first, int64_t seq) {
   const bool lead = comm.rank() == 0;
+  std::optional<TokenData> val;
+  if (!o.val_data.empty() && o.eval_every > 0) val.emplace(o.val_data);
   std::optional<StepReporter> report;
   if (lead) report.emplace(o, o.batch * seq);
   std::vector<std::pair<int64_t, StepResult>> spans;
   for (int64_t s = first; s < o.steps; ++s) {
     StepResult r = ex.step(s);
+    if (val && ((s + 1) % o.eval_every == 0 || s + 1 == o.steps)) r.val_loss = ex.evaluate(*val, o.eval_batches);
     const StepMemory mem = gather_memory(comm, r.memory);
     if (lead) report->step(s, r, mem);
     if (!o.trace_path.empty()) spans.emplace_back(s, std::move(r));

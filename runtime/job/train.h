@@ -12,6 +12,8 @@ namespace piper::runtime {
 
 struct TrainOptions {
   std::string model, strategy, data_path;
+  std::string val_data;            // validation windows (--val-data); "" none
+  int64_t eval_every = 0, eval_batches = 8;
   std::vector<std::string> sets, include;  // --set NAME=VALUE, -I folders
   int64_t steps = 20, batch = 8, seq_len = 0;
   double lr = 1e-3;                // the peak learning rate

@@ -1,0 +1,90 @@
+// Validation: forward-only steps through the same plan. The rank's program with every backward,
+// update and their communication left out — forward pieces, their sends and receives, the forward
+// all-to-alls and ZeRO-3's forward gathers stay, in the planned order (a subset of a program that
+// cannot deadlock cannot either) — run with the model in eval mode and no autograd graph.
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "runtime/exec/executor_impl.h"
+#include "runtime/model/region_model_impl.h"
+
+namespace piper::runtime {
+
+using ir::Node;
+using ir::NodeId;
+using ir::Op;
+
+namespace {
+bool forward_only(const Node& n) {
+  switch (n.op) {
+    case Op::F: return true;
+    case Op::Send:
+    case Op::Recv: return n.payload == ir::Payload::Act;
+    case Op::AllToAll: return !(n.flags & ir::kBackward);
+    case Op::AllGather: return (n.flags & ir::kMaterialize) && !(n.flags & ir::kBackward);
+    default: return false;
+  }
+}
+}  // namespace
+
+// The forward-only program and its predecessors, and its threads (once, at the first evaluation).
+void Executor::Impl::prepare_evaluation() {
+  if (eval_threads) return;
+  if (queues) throw std::runtime_error("validation (--eval-every) runs on the CPU only so far, not with --device cuda");
+  const sched::ClassProgram& full = view.program(plan);
+  eval_program.ranks = full.ranks;
+  for (const auto& s : full.streams) {
+    sched::StreamProgram p{s.stream, {}, {}};
+    for (size_t k = 0; k < s.ops.size(); ++k)
+      if (forward_only(node(s.ops[k]))) {
+        p.ops.push_back(s.ops[k]);
+        p.window.push_back(s.window.empty() ? -1 : s.window[k]);
+      }
+    eval_program.streams.push_back(std::move(p));
+  }
+  eval_preds.assign(g.nodes.size(), {});
+  for (size_t v = 0; v < g.nodes.size(); ++v)
+    for (NodeId u : view.local_preds[v])
+      if (forward_only(node(u))) eval_preds[v].push_back(u);
+  eval_threads = std::make_unique<StreamThreads>(g, eval_program, eval_preds, comm.rank(), [](size_t) {
+    plain_interpreter();
+  });
+  eval_threads->set_op_timeout(opt.op_timeout);
+}
+
+double Executor::Impl::evaluate(const TokenData& val, int64_t batches) {
+  prepare_evaluation();
+  auto& root = model.impl().root;
+  root.train(false);  // dropout off, as a forward-only PyTorch pass in eval mode
+  evaluating = true;
+  const int64_t per_replica = opt.global_batch / view.replicas;
+  double total = 0;
+  for (int64_t k = 0; k < batches; ++k) {  // the same windows at every evaluation: a fixed validation set
+    auto batch = val.batch(opt.seed, static_cast<uint64_t>(k), opt.global_batch, view.replica * per_replica, per_replica, seq);
+    tokens = torch::from_blob(batch.data(), {per_replica, seq + 1}, torch::kLong).clone();
+    pieces_io.clear();
+    for (size_t v = 0; v < g.nodes.size(); ++v)
+      if (view.mine(plan, NodeId(v))) pieces_io[{node(NodeId(v)).stage, node(NodeId(v)).microbatch, node(NodeId(v)).segment}];
+    values.assign(g.nodes.size(), {});
+    losses.assign(g.nodes.size(), 0.0);
+    for (size_t v = 0; v < g.nodes.size(); ++v) unread[v] = consumers[v];
+    std::string failure = eval_threads->run(cur_step, [this](NodeId v) { run(v); },
+                                            [this](const std::string& msg) { comm.abort(msg); }, nullptr);
+    if (!failure.empty()) comm.abort(failure);
+    double loss = 0;
+    for (size_t v = 0; v < g.nodes.size(); ++v)
+      if (node(NodeId(v)).op == Op::F && last_piece(node(NodeId(v))) && view.mine(plan, NodeId(v))) loss += losses[v];
+    comm.all_reduce_sum(&loss, 1, everyone(comm), kRuntimeChannel);
+    total += loss / static_cast<double>(view.replicas);
+  }
+  evaluating = false;
+  root.train(true);
+  values.assign(g.nodes.size(), {});
+  pieces_io.clear();
+  tokens = torch::Tensor();
+  return total / static_cast<double>(batches);
+}
+
+double Executor::evaluate(const TokenData& val, int64_t batches) { return impl_->evaluate(val, batches); }
+
+}  // namespace piper::runtime
