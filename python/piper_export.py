@@ -83,6 +83,26 @@ def _tokens(t):
     return math.prod(dims) if dims else 1
 
 
+def _refuse_aliases(model, all_regions, holders):
+    """A region's tensor also kept under a module path outside every region (a wrapper around
+    ``transformer.wte`` while ``self.transformer`` keeps it too): TorchScript saves the whole module
+    tree, so the archive would hold that path beside the regions, and piper-model verify refuses it.
+    Said here, with the fix, rather than there."""
+    inside = lambda path: any(path.startswith(r + ".") for r in all_regions)  # noqa: E731
+    for mpath, mod in model.named_modules(remove_duplicate=False):
+        for pname, p in mod._parameters.items():
+            path = f"{mpath}.{pname}" if mpath else pname
+            if p is None or inside(path) or id(p) not in holders:
+                continue
+            region, name = holders[id(p)][0]
+            owner = mpath or "the root module"
+            raise ExportError(f"parameter '{path}' is the tensor region '{region}' holds as '{name}': one tensor under "
+                              f"two module paths, and '{owner}' is outside every region, so the archive would keep it "
+                              f"beside them. Reach it through the region alone (e.g. `del model.{mpath}` once "
+                              f"'{region}' wraps it, or don't keep the module under both names), or make '{owner}' a "
+                              "region of the sequence")
+
+
 def build_manifest(model, example, sequence, regions=(), kinds=None, name=None, names=None):
     kinds = kinds or {}
     all_regions = list(sequence) + [r for r in regions if r not in sequence]
@@ -147,6 +167,7 @@ def build_manifest(model, example, sequence, regions=(), kinds=None, name=None, 
     for pname, p in model.named_parameters():
         if id(p) not in holders:
             raise ExportError(f"parameter '{pname}' is not inside any region: add its module to the sequence")
+    _refuse_aliases(model, all_regions, holders)
     order = {r: i for i, r in enumerate(all_regions)}
     ties = []
     for h in holders.values():
@@ -200,6 +221,86 @@ def export(model, example, path, sequence, regions=(), kinds=None, name=None, na
         model.train(was_training)
     torch.jit.save(scripted, path, _extra_files={MANIFEST_FILE: json.dumps(manifest, indent=1)})
     return manifest
+
+
+class TokenEmbedding(torch.nn.Module):
+    """The embedding region export_chain builds: token embedding, plus position embedding where
+    there is one, then the listed modules (dropout) in order."""
+
+    def __init__(self, tokens, positions=None, after=()):
+        super().__init__()
+        self.tokens = tokens
+        self.positions = positions if positions is not None else torch.nn.Identity()
+        self.has_positions = positions is not None
+        self.after = Steps(list(after))
+
+    def forward(self, idx):
+        x = self.tokens(idx)
+        if self.has_positions:
+            x = x + self.positions(torch.arange(idx.size(1), device=idx.device))
+        return self.after(x)
+
+
+class Steps(torch.nn.Module):
+    """Modules applied in order: the head export_chain builds (one region, where a Sequential would
+    be expanded into several)."""
+
+    def __init__(self, steps):
+        super().__init__()
+        self.steps = torch.nn.ModuleList(steps)
+
+    def forward(self, x):
+        for step in self.steps:
+            x = step(x)
+        return x
+
+
+class Chain(torch.nn.Module):
+    """The root export_chain builds: embed, the blocks, the head, in order; every position's logits."""
+
+    def __init__(self, embed, layers, head):
+        super().__init__()
+        self.embed, self.layers, self.head = embed, layers, head
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        for block in self.layers:
+            x = block(x)
+        return self.head(x)
+
+
+def export_chain(model, example, path, embed, blocks, head, positions=None, embed_after=(), regions_in_block=(),
+                 name=None):
+    """Exports a model whose own forward does not chain regions — nanoGPT's embeds inline and returns
+    only the last position's logits when it has no targets — without the user writing modules:
+    ``embed`` (the token embedding's path), ``positions`` (the position embedding's, or None) and
+    ``embed_after`` (paths applied after them, e.g. dropout) become the region ``embed``; ``blocks``
+    (a ModuleList's path) the regions ``layers.i``; ``head`` (paths applied in order, e.g. the final
+    norm and the output projection) the region ``head``. The model's own modules are used, not copied:
+    a head that shares the token embedding's matrix stays tied. For nanoGPT::
+
+        export_chain(gpt, torch.zeros(1, 64, dtype=torch.long), "model.pt", embed="transformer.wte",
+                     positions="transformer.wpe", embed_after=["transformer.drop"], blocks="transformer.h",
+                     head=["transformer.ln_f", "lm_head"], regions_in_block=["attn", "mlp"])
+    """
+    get = model.get_submodule
+    try:
+        chain = Chain(TokenEmbedding(get(embed), get(positions) if positions else None, [get(p) for p in embed_after]),
+                      get(blocks), Steps([get(p) for p in head]))
+    except AttributeError as e:
+        raise ExportError(f"export_chain: {e}") from None
+    if not isinstance(chain.layers, torch.nn.ModuleList):
+        raise ExportError(f"export_chain: blocks '{blocks}' is a {type(chain.layers).__name__}, expected a ModuleList")
+    chain.train(model.training)
+    n = len(chain.layers)
+    left = {id(p) for p in model.parameters()} - {id(p) for p in chain.parameters()}
+    if left:
+        names = [k for k, p in model.named_parameters() if id(p) in left]
+        raise ExportError(f"export_chain: the chain leaves out parameters {names}: name their modules in embed, "
+                          "positions, embed_after, blocks or head")
+    return export(chain, example, path, expand(chain, "embed", "layers", "head"),
+                  regions=[f"layers.{i}.{r}" for i in range(n) for r in regions_in_block], kinds={"layers": "block"},
+                  name=name or type(model).__name__)
 
 
 def main(argv=None):

@@ -94,6 +94,58 @@ class NanoGPT(nn.Module):
         return self.head(x)
 
 
+class EmbedOf(nn.Module):
+    """An embedding region around modules the model also keeps elsewhere."""
+
+    def __init__(self, wte, wpe):
+        super().__init__()
+        self.wte, self.wpe = wte, wpe
+
+    def forward(self, idx):
+        return self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
+
+
+class Aliased(nn.Module):
+    """nanoGPT's layout (transformer.wte, transformer.h) with a wrapper around wte/wpe as the
+    embedding region, the model still keeping them under transformer: one tensor, two paths."""
+
+    def __init__(self):
+        super().__init__()
+        self.transformer = nn.Module()
+        self.transformer.wte, self.transformer.wpe = nn.Embedding(256, 32), nn.Embedding(32, 32)
+        self.transformer.h = nn.ModuleList([Block(32, 4) for _ in range(2)])
+        self.embed = EmbedOf(self.transformer.wte, self.transformer.wpe)
+        self.lm = Head(32, 256)
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        for block in self.transformer.h:
+            x = block(x)
+        return self.lm(x)
+
+
+class NanoGPTLayout(nn.Module):
+    """nanoGPT's model.py as it is laid out: transformer.{wte, wpe, drop, h, ln_f} and lm_head tied
+    to wte; its forward embeds inline and, without targets, returns the last position's logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(256, 32), wpe=nn.Embedding(32, 32), drop=nn.Dropout(0.0),
+                                              h=nn.ModuleList([Block(32, 4) for _ in range(2)]), ln_f=nn.LayerNorm(32)))
+        self.lm_head = nn.Linear(32, 256, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight
+
+    def forward(self, idx, targets=None):
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(torch.arange(idx.size(1))))
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        if targets is None:
+            return self.lm_head(x[:, [-1], :]), None
+        logits = self.lm_head(x)
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
 class OwnNames(nn.Module):
     """The same model under its author's names: blocks at transformer.h, the head at lm."""
 
@@ -193,6 +245,42 @@ def main():
         subprocess.run([piper_check, own_path, os.path.join(strategies, "1f1b.piper"), "--set", "pp=2", "--set", "mb=4"],
                        check=True, stdout=subprocess.DEVNULL)
 
+        # One tensor under two module paths, one outside every region: refused at export, with the fix.
+        aliased = Aliased()
+        try:
+            piper_export.export(aliased, example, os.path.join(tmp, "aliased.pt"),
+                                piper_export.expand(aliased, "embed", "transformer.h", "lm"))
+            raise AssertionError("expected an ExportError")
+        except piper_export.ExportError as e:
+            assert "parameter 'transformer.wte.weight' is the tensor region 'embed' holds as 'wte.weight'" in str(e), e
+            assert "`del model.transformer.wte`" in str(e), e
+        del aliased.transformer.wte, aliased.transformer.wpe  # the fix the message names
+        piper_export.export(aliased, example, os.path.join(tmp, "aliased.pt"),
+                            piper_export.expand(aliased, "embed", "transformer.h", "lm"))
+        subprocess.run([piper_model, "verify", os.path.join(tmp, "aliased.pt")], check=True, stdout=subprocess.DEVNULL)
+
+        # nanoGPT as it is, no user-written modules: export_chain builds the chain from module paths.
+        torch.manual_seed(0)
+        gpt = NanoGPTLayout()
+        chain_path = os.path.join(tmp, "nanogpt.pt")
+        m = piper_export.export_chain(gpt, example, chain_path, embed="transformer.wte", positions="transformer.wpe",
+                                      embed_after=["transformer.drop"], blocks="transformer.h",
+                                      head=["transformer.ln_f", "lm_head"], regions_in_block=["attn"])
+        assert m["sequence"] == ["embed", "layers.0", "layers.1", "head"], m["sequence"]
+        assert m["ties"] == [[{"region": "embed", "param": "tokens.weight"}, {"region": "head", "param": "steps.1.weight"}]], m.get("ties")
+        targets = torch.zeros(1, 32, dtype=torch.long)
+        with torch.no_grad():  # the chain computes what nanoGPT's forward does, every position
+            assert torch.allclose(torch.jit.load(chain_path)(example), gpt(example, targets)[0], atol=1e-6)
+        subprocess.run([piper_model, "verify", chain_path], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([piper_run, chain_path, os.path.join(strategies, "single.piper"), "--steps", "1"], check=True,
+                       stdout=subprocess.DEVNULL)
+        try:
+            piper_export.export_chain(gpt, example, chain_path, embed="transformer.wte", blocks="transformer.h",
+                                      head=["transformer.ln_f", "lm_head"])
+            raise AssertionError("expected an ExportError")
+        except piper_export.ExportError as e:
+            assert "leaves out parameters ['transformer.wpe.weight']" in str(e), e
+
         # Tied weights as nanoGPT writes them (the head's matrix is the embedding's, dropout modules
         # in the blocks): the exporter declares the tie; 1F1B over two ranks, embedding and head on
         # different stages, trains to PyTorch's own losses on the same batches.
@@ -218,6 +306,29 @@ def main():
         assert len(piper_losses) == steps and worst < 1e-5, (piper_losses, torch_losses)
         print(f"tied nanoGPT, 1f1b pp=2: PyTorch {torch_losses[0]:.5f} -> {torch_losses[-1]:.5f}, "
               f"piper-run max relative difference {worst:.1e}")
+
+        # nanoGPT's whole recipe against PyTorch's own AdamW (two groups), clip_grad_norm_ and its
+        # cosine schedule with warmup, on the tied model: ZeRO-3 over dp=2 with embedding and head
+        # on one stage (its per-layer units once failed at the first forward), and 1F1B pp=2 with
+        # them on two; losses and every step's global norm (above the threshold: clipping acts).
+        steps = 30
+        recipe = {"lr": 1e-3, "warmup": 4, "min_lr": 1e-4, "betas": (0.9, 0.95), "weight_decay": 0.1, "clip": 1.0}
+        torch_losses, torch_norms = pytorch_losses(tied_path, data, 32, batch, steps, recipe=recipe)
+        flags = ["--lr", "1e-3", "--lr-schedule", "cosine", "--warmup-steps", "4", "--min-lr", "1e-4",
+                 "--betas", "0.9,0.95", "--weight-decay", "0.1", "--clip-grad-norm", "1.0"]
+        for strategy, sets in (("zero3.piper", ["--set", "dp=2"]), ("1f1b.piper", ["--set", "pp=2", "--set", "mb=4"])):
+            subprocess.run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", piper_run, tied_path,
+                            os.path.join(strategies, strategy), *sets, "--data", data, "--steps", str(steps),
+                            "--batch-size", str(batch), "--threads", "1", "--metrics", metrics, *flags],
+                           check=True, stdout=subprocess.DEVNULL, env=env, timeout=300)
+            rows = [json.loads(line) for line in open(metrics) if '"loss"' in line]
+            worst = max(abs(a["loss"] - b) / abs(b) for a, b in zip(rows, torch_losses))
+            worst_norm = max(abs(a["grad_norm"] - b) / b for a, b in zip(rows, torch_norms))
+            clipped = sum(n > 1.0 for n in torch_norms)
+            assert len(rows) == steps and worst < 1e-5 and worst_norm < 1e-5, (strategy, rows, torch_losses, torch_norms)
+            assert clipped > steps // 2, f"clipping acted on {clipped} of {steps} steps only"
+            print(f"tied nanoGPT, {strategy} {' '.join(sets)} with nanoGPT's recipe: losses within {worst:.1e}, "
+                  f"global norms within {worst_norm:.1e} of PyTorch's (clipped on {clipped} of {steps} steps)")
     print("test_piper_export: all passed")
 
 
