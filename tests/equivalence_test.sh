@@ -9,6 +9,7 @@
 # clipping the per-step global norms are compared too, and with the recipe validation losses.
 # Usage: equivalence_test.sh PIPER_MODEL PIPER_TRAIN_REF PIPER_RUN NP STRATEGY [--set ...]
 set -euo pipefail
+set -f  # the recipe's globs (--no-decay 'embed.*') are Piper's, not the shell's
 model_bin=$1 ref_bin=$2 run_bin=$3 np=$4 strategy=$5
 shift 5
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,7 +37,7 @@ if grep -q "^precision bf16" "$root/strategies/$strategy"; then ref_extra+=(--pr
 "$ref_bin" "$tmp/m.pt" "${common[@]}" "${ref_extra[@]}" --threads 1 --metrics "$tmp/ref.jsonl" >/dev/null
 # Negative controls: neither the decay nor the clipping is silently skipped by both trainers: without
 # either, the reference ends with other weights (above the tolerance the trainers must agree within).
-for flag in --weight-decay --clip-grad-norm; do
+for flag in --weight-decay --clip-grad-norm --no-decay; do
   [[ " ${PIPER_RECIPE_ARGS:-} " == *" $flag "* ]] || continue
   # shellcheck disable=SC2206  # the recipe without FLAG and its value
   recipe=(${PIPER_RECIPE_ARGS})

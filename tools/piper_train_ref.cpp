@@ -6,6 +6,8 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/torch.h>
 
+#include <fnmatch.h>
+
 #include <chrono>
 #include <fstream>
 #include <optional>
@@ -61,12 +63,31 @@ std::optional<int> parse(int argc, char** argv, RefArgs& a) {
   return std::nullopt;
 }
 
-// PyTorch's AdamW with nanoGPT's two groups: weight decay on parameters of two or more dimensions,
-// none on the others; or SGD.
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const RefArgs& a, const std::vector<torch::Tensor>& params) {
+// A parameter's manifest name, "region.param", from its module path: the region whose module is the
+// longest prefix of it (the manifest keeps each region's module path).
+std::string manifest_name(const std::string& path, const nlohmann::json& manifest) {
+  std::string best_module, best_region;
+  for (const auto& r : manifest["regions"]) {
+    const std::string mod = r.value("module", r["name"].get<std::string>());
+    if (path.starts_with(mod + ".") && mod.size() > best_module.size()) {
+      best_module = mod;
+      best_region = r["name"].get<std::string>();
+    }
+  }
+  return best_module.empty() ? path : best_region + path.substr(best_module.size());
+}
+
+// PyTorch's AdamW with nanoGPT's two groups: weight decay on parameters of two or more dimensions
+// that no --no-decay glob names, none on the others; or SGD.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const RefArgs& a, const std::vector<torch::Tensor>& params,
+                                                        const std::vector<std::string>& names) {
   if (a.optimizer != "adamw") return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(a.lr));
   std::vector<torch::Tensor> decay, no_decay;
-  for (const auto& p : params) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  auto exempt = [&](const std::string& name) {
+    return std::any_of(a.recipe.no_decay.begin(), a.recipe.no_decay.end(),
+                       [&](const std::string& glob) { return fnmatch(glob.c_str(), name.c_str(), 0) == 0; });
+  };
+  for (size_t i = 0; i < params.size(); ++i) (params[i].dim() >= 2 && !exempt(names[i]) ? decay : no_decay).push_back(params[i]);
   auto options = [&](double wd) {
     return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(a.lr)
                                                             .betas({a.recipe.beta1, a.recipe.beta2})
@@ -88,11 +109,14 @@ void set_lr(torch::optim::Optimizer& opt, const std::string& kind, double lr) {
 
 // A tensor shared under two names (tied weights) is one parameter: stepped once, as PyTorch's own
 // parameters() yields it.
-std::vector<torch::Tensor> unique_parameters(const torch::jit::Module& model) {
+std::vector<torch::Tensor> unique_parameters(const torch::jit::Module& model, std::vector<std::string>* names = nullptr) {
   std::vector<torch::Tensor> unique;
   std::set<const void*> seen;
-  for (auto p : model.parameters())
-    if (seen.insert(p.data_ptr()).second) unique.push_back(p);
+  for (const auto& p : model.named_parameters())
+    if (seen.insert(p.value.data_ptr()).second) {
+      unique.push_back(p.value);
+      if (names) names->push_back(p.name);
+    }
   return unique;
 }
 
@@ -140,7 +164,11 @@ int train(RefArgs a) {
   auto [params, compute] = parameters(model, bf16);
   piper::runtime::TokenData data(a.data_path);
   if (a.seq <= 0) a.seq = nlohmann::json::parse(extra["piper/manifest.json"])["input"]["shape"][0].get<int64_t>();
-  auto opt = make_optimizer(a, params);
+  std::vector<std::string> names;  // the unique parameters' manifest names, for --no-decay
+  const auto manifest = nlohmann::json::parse(extra["piper/manifest.json"]);
+  unique_parameters(model, &names);
+  for (auto& n : names) n = manifest_name(n, manifest);
+  auto opt = make_optimizer(a, params, names);
   std::optional<piper::runtime::TokenData> val;
   if (!a.val_data.empty() && a.eval_every > 0) val.emplace(a.val_data);
   std::ofstream metrics;

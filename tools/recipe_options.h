@@ -25,6 +25,9 @@ inline void add_recipe_options(CLI::App& app, double& lr, runtime::Recipe& r, st
   app.add_option("--weight-decay", r.weight_decay,
                  "AdamW's decoupled weight decay on parameters of two or more dimensions (none on biases and norms)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--no-decay", r.no_decay, "globs over region.param names (the manifest's; a tied tensor by its first "
+                 "name) exempt from weight decay, e.g. 'embed.*' (repeatable)")
+      ->allow_extra_args(false);
   app.add_option("--clip-grad-norm", r.clip_grad_norm,
                  "clip the gradients to this global norm (every parameter counted once over all ranks, as "
                  "torch's clip_grad_norm_); inf measures and reports it without clipping")

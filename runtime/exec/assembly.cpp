@@ -80,18 +80,12 @@ void Executor::Impl::assemble_stages() {
     pieces[stage] = std::move(ps);
     params[stage] = std::make_unique<StageParams>(sv, std::move(dense), std::move(experts), expert_replicas,
                                                   OptimizerOptions{opt.optimizer, opt.lr, opt.recipe.beta1, opt.recipe.beta2,
-                                                                   opt.recipe.eps, opt.recipe.weight_decay}, comm, std::move(dense_names),
+                                                                   opt.recipe.eps, opt.recipe.weight_decay, opt.recipe.no_decay},
+                                                  comm, std::move(dense_names),
                                                   std::move(expert_names));
     if (!copies.empty()) params[stage]->mark_copies(copies);
     if (queues)
       params[stage]->set_before_release([this](const torch::Tensor& t) { queues->used_by_current_stream(t); });
-  }
-  // Weights of regions this rank does not hold are released: the archive is read whole (TorchScript
-  // has no partial load), but only the owned stages' weights (and experts) stay in memory.
-  for (size_t r = 1; r < m.regions.size(); ++r) {
-    if (kept.count(m.regions[r].name) || m.regions[r].params.empty()) continue;
-    auto mod = impl.region(m.regions[r].name);
-    for (const auto& spec : m.regions[r].params) set_module_parameter(mod, spec.name, torch::empty({0}));
   }
   // Weights of regions this rank does not hold are released: the archive is read whole (TorchScript
   // has no partial load), but only the owned stages' weights (and experts) stay in memory.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace piper::runtime {
 
@@ -16,6 +17,9 @@ struct Recipe {
   // AdamW's decoupled weight decay, on parameters of two or more dimensions only (matrices and
   // embeddings; biases and norms' gains have one): nanoGPT's rule.
   double weight_decay = 0;
+  // Parameters exempt from it although they have two dimensions (embeddings, say): globs over
+  // "region.param" names, a tied tensor by its first name (--no-decay, or `no-decay = [...]` in a run file).
+  std::vector<std::string> no_decay;
   // Clipping by the global gradient norm (torch's clip_grad_norm_): 0 off; infinity measures and
   // reports the norm without clipping.
   double clip_grad_norm = 0;

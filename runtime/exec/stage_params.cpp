@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <fnmatch.h>
+
 #include <ATen/native/Resize.h>
 #include <cmath>
 
@@ -97,7 +99,7 @@ StageParams::StageParams(const StageView& view, std::vector<torch::Tensor> dense
       f32_(torch::TensorOptions().dtype(torch::kFloat).device(!dense_.empty() ? dense_[0].device()
                                                               : !experts_.empty() ? experts_[0].device()
                                                                                   : torch::Device(torch::kCPU))),
-      optimizer_(opt),
+      optimizer_(opt), no_decay_(opt.no_decay),
       dense_names_(std::move(dense_names)), expert_names_(std::move(expert_names)) {
   torch::NoGradGuard no_grad;
   const ir::StageFacts& f = *view_.facts;
@@ -222,12 +224,18 @@ void StageParams::lay_out_experts() {
 std::vector<std::pair<int64_t, int64_t>> StageParams::decayed_in(bool expert, int64_t at, int64_t len) const {
   std::vector<std::pair<int64_t, int64_t>> out;
   const std::vector<torch::Tensor>& params = expert ? experts_ : dense_;
+  const Names& names = expert ? expert_names_ : dense_names_;
+  auto exempt = [&](size_t i) {  // a tied copy carries its original's name: copies decay alike
+    const std::string name = names.at(i).first + "." + names.at(i).second;
+    return std::any_of(no_decay_.begin(), no_decay_.end(),
+                       [&](const std::string& glob) { return fnmatch(glob.c_str(), name.c_str(), 0) == 0; });
+  };
   int64_t offset = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t p0 = expert ? offset : offset_[i], n = params[i].numel();
     offset += n;
     const int64_t a = std::max(at, p0), b = std::min(at + len, p0 + n);
-    if (a < b && params[i].dim() >= 2) out.emplace_back(a - at, b - a);
+    if (a < b && params[i].dim() >= 2 && !exempt(i)) out.emplace_back(a - at, b - a);
   }
   return out;
 }

@@ -19,6 +19,7 @@ struct OptimizerOptions {
   std::string kind = "adamw";  // adamw | sgd
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // torch::optim::AdamW's defaults
   double weight_decay = 0;  // AdamW's decoupled decay, on the ranges add() names
+  std::vector<std::string> no_decay;  // globs over "region.param" (a tie's first name) exempt from it
 };
 
 // AdamW (or SGD) over flat tensors: a few large elementwise passes instead of one per parameter,
@@ -127,6 +128,7 @@ class StageParams {
   std::vector<bool> reduced_;   // ZeRO-2/3: this step's first reduction of a shard is done
   std::map<std::pair<int32_t, size_t>, torch::Tensor> mb_grads_;  // ZeRO-2/3: (microbatch, bucket) -> gradients
   FlatOptimizer optimizer_;
+  const std::vector<std::string> no_decay_;
   Names dense_names_, expert_names_;
   std::vector<bool> copy_;  // per dense parameter: a tied copy (mark_copies)
   std::vector<std::pair<bool, int64_t>> slot_at_;  // per optimizer slot: (expert layout?, first element)
@@ -136,7 +138,7 @@ class StageParams {
   void lay_out_units(const ir::MemberStorage& mine);
   void lay_out_experts();
   // The parts of layout elements [at, at + len) (dense or expert layout) that weight decay applies
-  // to, relative to `at`: those of parameters with two or more dimensions.
+  // to, relative to `at`: those of parameters with two or more dimensions that no --no-decay glob names.
   std::vector<std::pair<int64_t, int64_t>> decayed_in(bool expert, int64_t at, int64_t len) const;
   std::vector<size_t> params_in(const ir::Range& r) const;
   std::vector<size_t> units_of(const ir::Segment& piece) const;    // the ZeRO-3 units a piece touches
