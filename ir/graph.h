@@ -119,6 +119,20 @@ class Graph {
   std::unordered_map<std::string, int32_t> tensor_index_;
 };
 
+// What a validation step runs of the plan (the executor's evaluate, the simulator's
+// forward_only_time): forward pieces, their sends and receives, the forward all-to-alls and
+// ZeRO-3's forward gathers; no backward, update or their communication.
+inline bool forward_only(const Node& n) {
+  switch (n.op) {
+    case Op::F: return true;
+    case Op::Send:
+    case Op::Recv: return n.payload == Payload::Act;
+    case Op::AllToAll: return !(n.flags & kBackward);
+    case Op::AllGather: return (n.flags & kMaterialize) && !(n.flags & kBackward);
+    default: return false;
+  }
+}
+
 // Compact tokens in the spirit of torch.distributed.pipelining: `2F0`, `1SEND_F3`, `1F0.s2`,
 // `0ALLREDUCE_G.b1`, `3U`. They name a node's role (stage, op, microbatch, segment, bucket);
 // ranks are printed beside them.

@@ -254,6 +254,7 @@ std::string simulate_report(const ir::Graph& g, const Schedule& s, const std::ve
   out += fmt::format("  step time {}, mean bubble {:.1f}%, peak memory {}{}\n", human_time(s.step_time, unit_costs),
                      100 * sum_bubble / double(std::max<size_t>(1, s.classes.size())), human_bytes(max_peak),
                      budget > 0 ? fmt::format(" (budget {})", human_bytes(budget)) : "");
+  out += fmt::format("  validation step (forward only, piper-run --eval-every) {}\n", human_time(forward_only_time(g, s), unit_costs));
   return out;
 }
 
@@ -267,7 +268,7 @@ std::string emit_sim_json(const ir::Graph& g, const Schedule& s, const std::vect
     ranks.push_back({{"rank", r}, {"peak_bytes", mem[r].peak}, {"busy", c >= 0 ? stats[static_cast<size_t>(c)].busy : 0.0},
                      {"idle", c >= 0 ? stats[static_cast<size_t>(c)].idle : 0.0}, {"by_category", by}});
   }
-  return nlohmann::json{{"step_time", s.step_time}, {"ranks", ranks}}.dump(1) + "\n";
+  return nlohmann::json{{"step_time", s.step_time}, {"eval_step_time", forward_only_time(g, s)}, {"ranks", ranks}}.dump(1) + "\n";
 }
 
 }  // namespace piper::sched

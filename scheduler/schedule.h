@@ -49,6 +49,10 @@ struct Schedule {
 // overlap, and returns nothing.
 std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, DiagnosticEngine& diags);
 
+// Validation: the simulated time of a forward-only step (ir::forward_only's ops) — each class's
+// programs restricted to those ops in their order, each op as long as in the step's timeline.
+double forward_only_time(const ir::Graph& g, const Schedule& s);
+
 // The static deadlock check: runs every class's programs with blocking semantics (a send completes
 // only when its receive is posted, and vice versa; an op waits for its events). Returns the
 // rank × step grid with `<-- ERROR HERE` and the cycle of waits when the programs can hang.

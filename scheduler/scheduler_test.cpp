@@ -246,3 +246,12 @@ TEST_CASE("the global norm is a rendezvous: every rank's share starts together, 
   CHECK(first_update >= last_backward);
   CHECK(!find_deadlock(p->dag, p->schedule));
 }
+
+TEST_CASE("a validation step (forward only) of 1F1B is a forward pipeline: (mb + pp - 1) forwards") {
+  Planner f;
+  for (int pp : {4, 8}) {
+    CAPTURE(pp);
+    auto p = f.plan("use \"1f1b.piper\";\n", {fmt::format("pp={}", pp), "mb=8"}, "F=1,B=2,W=1,comm=0");
+    CHECK(forward_only_time(p.dag, p.schedule) == doctest::Approx(8 + pp - 1));
+  }
+}

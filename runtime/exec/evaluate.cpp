@@ -14,18 +14,7 @@ using ir::Node;
 using ir::NodeId;
 using ir::Op;
 
-namespace {
-bool forward_only(const Node& n) {
-  switch (n.op) {
-    case Op::F: return true;
-    case Op::Send:
-    case Op::Recv: return n.payload == ir::Payload::Act;
-    case Op::AllToAll: return !(n.flags & ir::kBackward);
-    case Op::AllGather: return (n.flags & ir::kMaterialize) && !(n.flags & ir::kBackward);
-    default: return false;
-  }
-}
-}  // namespace
+using ir::forward_only;
 
 // The forward-only program and its predecessors, and its threads (once, at the first evaluation).
 void Executor::Impl::prepare_evaluation() {

@@ -36,6 +36,7 @@ struct StepResult {
   double lr = 0;       // the learning rate the step was taken with
   double grad_norm = -1;  // the global gradient norm before clipping (-1: the plan measures none)
   double val_loss = -1;   // validation after this step (-1: none; the job sets it, see Executor::evaluate)
+  double eval_seconds = 0;  // what one validation batch took (the job measures it)
   double seconds = 0;
   std::vector<OpSpan> ops;
   double ops_began = 0;  // steady-clock seconds at which `ops`' times start (this rank's clock)

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -88,7 +89,7 @@ class StepReporter {
     for (int c = 0; c < kMemCategories; ++c)
       by_category[mem_category_name(static_cast<MemCategory>(c))] = mem.at_peak[fullest][static_cast<size_t>(c)];
     std::string norm_key = r.grad_norm >= 0 ? fmt::format("\"grad_norm\":{:.9g},", r.grad_norm) : "";
-    if (r.val_loss >= 0) norm_key += fmt::format("\"val_loss\":{:.9g},", r.val_loss);
+    if (r.val_loss >= 0) norm_key += fmt::format("\"val_loss\":{:.9g},\"eval_s\":{:.6f},", r.val_loss, r.eval_seconds);
     metrics_ << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"lr\":{:.9g},{}\"tokens_per_s\":{:.1f},\"step_s\":{:.6f},"
                             "\"peak_mem_bytes\":{},\"peak_tensor_bytes\":{},\"peak_tensor_bytes_by_rank\":[{}],"
                             "\"peak_tensor_bytes_by_category\":{}}}\n",
@@ -117,7 +118,11 @@ void run_steps(const TrainOptions& o, Executor& ex, Communicator& comm, int64_t 
   std::vector<std::pair<int64_t, StepResult>> spans;
   for (int64_t s = first; s < o.steps; ++s) {
     StepResult r = ex.step(s);
-    if (val && ((s + 1) % o.eval_every == 0 || s + 1 == o.steps)) r.val_loss = ex.evaluate(*val, o.eval_batches);
+    if (val && ((s + 1) % o.eval_every == 0 || s + 1 == o.steps)) {
+      const auto t0 = std::chrono::steady_clock::now();
+      r.val_loss = ex.evaluate(*val, o.eval_batches);
+      r.eval_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(o.eval_batches);
+    }
     const StepMemory mem = gather_memory(comm, r.memory);
     if (lead) report->step(s, r, mem);
     if (!o.trace_path.empty()) spans.emplace_back(s, std::move(r));
