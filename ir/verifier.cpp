@@ -23,6 +23,7 @@ class Verifier {
     index_chunks();
     for (NodeId v = 0; v < n_; ++v) node(v);
     norms_precede_updates();
+    backwards_reach_updates();
     storage_covers_layout();
     return problems_;
   }
@@ -156,6 +157,33 @@ class Verifier {
     for (const Edge* e : out_edges(v))
       if (is_chunk(g_.nodes[e->dst].op) && g_.nodes[e->dst].ranks != x.ranks)
         say(fmt::format("{} runs on other ranks than its consumer {}", token(x), token(g_.nodes[e->dst])));
+  }
+
+  // Every backward's gradients reach its stage's update by some path (directly, through reductions,
+  // a tied sum): an update that followed one only by stream order could step without it. Walked
+  // back from each update over the nodes of its ranks (no path to it leaves them).
+  void backwards_reach_updates() {
+    std::vector<char> seen(static_cast<size_t>(n_), 0);
+    for (NodeId u = 0; u < n_; ++u) {
+      if (g_.nodes[u].op != Op::U) continue;
+      std::fill(seen.begin(), seen.end(), 0);
+      std::vector<NodeId> todo{u};
+      seen[static_cast<size_t>(u)] = 1;
+      while (!todo.empty()) {
+        const NodeId v = todo.back();
+        todo.pop_back();
+        for (const Edge* e : in_edges(v))
+          if (!seen[static_cast<size_t>(e->src)] && g_.nodes[e->src].ranks == g_.nodes[u].ranks) {
+            seen[static_cast<size_t>(e->src)] = 1;
+            todo.push_back(e->src);
+          }
+      }
+      for (NodeId v = 0; v < n_; ++v) {
+        const Node& x = g_.nodes[v];
+        if ((x.op == Op::B || x.op == Op::BW) && x.stage == g_.nodes[u].stage && !seen[static_cast<size_t>(v)])
+          say(fmt::format("{} does not reach {}: the update may step without its gradients", token(x), token(g_.nodes[u])));
+      }
+    }
   }
 
   // With clipping, no update may step before its ranks' share of the global norm was summed.

@@ -73,6 +73,16 @@ TEST_CASE("the verifier catches broken graphs") {
     p.g.connect(ar, u, EdgeKind::Data);
     CHECK(says(verify(p.g), "both reduced and unreduced"));
   }
+  SUBCASE("a backward whose gradients no path takes to the update") {
+    Pipe p;
+    GroupId r0 = p.g.nodes[0].ranks;
+    NodeId b = p.g.add(Node{.op = Op::B, .stage = 0, .microbatch = 0, .ranks = r0});
+    NodeId u = p.g.add(Node{.op = Op::U, .stage = 0, .ranks = r0});
+    p.g.connect(p.f0, b, EdgeKind::Data);
+    CHECK(says(verify(p.g), "0B0 does not reach 0U"));
+    p.g.connect(b, u, EdgeKind::Temporal);  // an order suffices: the gradients are where the optimizer reads them
+    CHECK(verify(p.g).empty());
+  }
   SUBCASE("a duplicated chunk") {
     Pipe p;
     p.g.add(p.g.nodes[0]);
