@@ -1,4 +1,4 @@
-// Pass 9, storage: per stage and replica member, what that rank holds of the stage's parameters for
+// Pass 10, storage: per stage and replica member, what that rank holds of the stage's parameters for
 // the whole step (ir/facts.h, StageStorage). Decided here once; the executor, the memory model and
 // checkpoints read it.
 #include "ir/pass.h"
