@@ -103,6 +103,14 @@ std::optional<std::vector<NodeId>> Graph::topological_order(std::vector<NodeId>*
   return std::nullopt;
 }
 
+bool holds_value(const Graph& g, const Edge& e) {
+  if (e.kind != EdgeKind::Data) return false;
+  if (e.label >= 0 && static_cast<size_t>(e.label) < g.tensor_names.size() && g.tensor_names[static_cast<size_t>(e.label)] == "param_grads")
+    return false;
+  const Op dst = g.nodes[static_cast<size_t>(e.dst)].op, src = g.nodes[static_cast<size_t>(e.src)].op;
+  return !(dst == Op::BW && (src == Op::F || src == Op::BI));
+}
+
 size_t Graph::memory_bytes() const {
   size_t b = nodes.capacity() * sizeof(Node) + edges.capacity() * sizeof(Edge);
   for (const auto& g : groups_) b += g.capacity() * sizeof(int32_t) + sizeof(g);

@@ -119,6 +119,12 @@ class Graph {
   std::unordered_map<std::string, int32_t> tensor_index_;
 };
 
+// Whether a data edge keeps its source's values alive until its consumer has run: not an edge of
+// parameter gradients (they live in the optimizer's buffers, whatever the backward returned), nor
+// BW's from its forward and its BI (BW starts from what BI left in the graph). The executor frees
+// values by this and the memory model prices them by it.
+bool holds_value(const Graph& g, const Edge& e);
+
 // What a validation step runs of the plan (the executor's evaluate, the simulator's
 // forward_only_time): forward pieces, their sends and receives, the forward all-to-alls and
 // ZeRO-3's forward gathers; no backward, update or their communication.

@@ -157,14 +157,9 @@ class ClassModel {
       if (s_.node_class[v] == cls_) nodes_.push_back(static_cast<NodeId>(v));
 
     consumers_.assign(g_.nodes.size(), {});
-    // BW reads neither its forward's outputs nor its BI's input gradients: it starts from what BI
-    // left in the graph.
-    auto unread_by_bw = [&](const ir::Edge& e) {
-      return n(e.dst).op == Op::BW && (n(e.src).op == Op::F || n(e.src).op == Op::BI);
-    };
-    for (const auto& e : g_.edges)
-      if (e.kind == ir::EdgeKind::Data && s_.node_class[static_cast<size_t>(e.src)] == cls_ &&
-          s_.node_class[static_cast<size_t>(e.dst)] == cls_ && !unread_by_bw(e))
+    for (const auto& e : g_.edges)  // what keeps a value alive, as the executor frees it (ir::holds_value)
+      if (ir::holds_value(g_, e) && s_.node_class[static_cast<size_t>(e.src)] == cls_ &&
+          s_.node_class[static_cast<size_t>(e.dst)] == cls_)
         consumers_[static_cast<size_t>(e.src)].push_back(e.dst);
     for (NodeId v : nodes_) {
       const Node& x = n(v);

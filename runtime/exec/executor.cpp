@@ -94,11 +94,9 @@ void Executor::Impl::check_inputs() {
 void Executor::Impl::index_dataflow() {
   data_preds.assign(g.nodes.size(), {});
   consumers.assign(g.nodes.size(), 0);
-  // BW reads neither its forward's outputs nor its BI's input gradients (it starts from what BI
-  // left in the graph), so those edges keep nothing alive; the memory model counts the same way.
-  auto unread_by_bw = [&](const ir::Edge& e) { return node(e.dst).op == Op::BW && (node(e.src).op == Op::F || node(e.src).op == Op::BI); };
+  // What keeps a value alive (ir::holds_value), as the memory model prices it.
   for (const auto& e : g.edges)
-    if (e.kind == ir::EdgeKind::Data && view.mine(plan, e.src) && view.mine(plan, e.dst) && !unread_by_bw(e)) {
+    if (ir::holds_value(g, e) && view.mine(plan, e.src) && view.mine(plan, e.dst)) {
       data_preds[static_cast<size_t>(e.dst)].push_back(e.src);
       ++consumers[static_cast<size_t>(e.src)];
     }
