@@ -167,15 +167,15 @@ class Verifier {
     for (NodeId u = 0; u < n_; ++u) {
       if (g_.nodes[u].op != Op::U) continue;
       std::fill(seen.begin(), seen.end(), 0);
-      std::vector<NodeId> todo{u};
+      std::vector<NodeId> frontier{u};
       seen[static_cast<size_t>(u)] = 1;
-      while (!todo.empty()) {
-        const NodeId v = todo.back();
-        todo.pop_back();
+      while (!frontier.empty()) {
+        const NodeId v = frontier.back();
+        frontier.pop_back();
         for (const Edge* e : in_edges(v))
           if (!seen[static_cast<size_t>(e->src)] && g_.nodes[e->src].ranks == g_.nodes[u].ranks) {
             seen[static_cast<size_t>(e->src)] = 1;
-            todo.push_back(e->src);
+            frontier.push_back(e->src);
           }
       }
       for (NodeId v = 0; v < n_; ++v) {

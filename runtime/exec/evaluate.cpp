@@ -10,11 +10,8 @@
 
 namespace piper::runtime {
 
-using ir::Node;
-using ir::NodeId;
-using ir::Op;
-
 using ir::forward_only;
+using ir::NodeId;
 
 // The forward-only program and its predecessors, and its threads (once, at the first evaluation).
 void Executor::Impl::prepare_evaluation() {
@@ -51,26 +48,15 @@ double Executor::Impl::evaluate(const TokenData& val, int64_t batches) {
   for (int64_t k = 0; k < batches; ++k) {  // the same windows at every evaluation: a fixed validation set
     auto batch = val.batch(opt.seed, static_cast<uint64_t>(k), opt.global_batch, view.replica * per_replica, per_replica, seq);
     tokens = torch::from_blob(batch.data(), {per_replica, seq + 1}, torch::kLong).clone();
-    pieces_io.clear();
-    for (size_t v = 0; v < g.nodes.size(); ++v)
-      if (view.mine(plan, NodeId(v))) pieces_io[{node(NodeId(v)).stage, node(NodeId(v)).microbatch, node(NodeId(v)).segment}];
-    values.assign(g.nodes.size(), {});
-    losses.assign(g.nodes.size(), 0.0);
-    for (size_t v = 0; v < g.nodes.size(); ++v) unread[v] = consumers[v];
+    begin_pass();
     std::string failure = eval_threads->run(cur_step, [this](NodeId v) { run(v); },
                                             [this](const std::string& msg) { comm.abort(msg); }, nullptr);
     if (!failure.empty()) comm.abort(failure);
-    double loss = 0;
-    for (size_t v = 0; v < g.nodes.size(); ++v)
-      if (node(NodeId(v)).op == Op::F && last_piece(node(NodeId(v))) && view.mine(plan, NodeId(v))) loss += losses[v];
-    comm.all_reduce_sum(&loss, 1, everyone(comm), kRuntimeChannel);
-    total += loss / static_cast<double>(view.replicas);
+    total += pass_loss();
   }
   evaluating = false;
   root.train(true);
-  values.assign(g.nodes.size(), {});
-  pieces_io.clear();
-  tokens = torch::Tensor();
+  end_pass();
   return total / static_cast<double>(batches);
 }
 

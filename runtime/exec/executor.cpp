@@ -103,6 +103,35 @@ void Executor::Impl::index_dataflow() {
   unread = std::make_unique<std::atomic<int>[]>(g.nodes.size());
 }
 
+// What a pass through the program (a step, a validation batch) starts from: each piece's I/O slot,
+// no values, every value's consumers still to run.
+void Executor::Impl::begin_pass() {
+  pieces_io.clear();
+  for (size_t v = 0; v < g.nodes.size(); ++v)
+    if (view.mine(plan, static_cast<NodeId>(v)))
+      pieces_io[{node(NodeId(v)).stage, node(NodeId(v)).microbatch, node(NodeId(v)).segment}];
+  values.assign(g.nodes.size(), {});
+  losses.assign(g.nodes.size(), 0.0);
+  for (size_t v = 0; v < g.nodes.size(); ++v) unread[v] = consumers[v];
+}
+
+// The pass's loss: it lives on the last stage's ranks; summed over everyone, averaged over replicas.
+double Executor::Impl::pass_loss() {
+  double loss = 0;
+  for (size_t v = 0; v < g.nodes.size(); ++v) {
+    const Node& n = node(NodeId(v));
+    if (n.op == Op::F && last_piece(n) && view.mine(plan, NodeId(v))) loss += losses[v];
+  }
+  comm.all_reduce_sum(&loss, 1, everyone(comm), kRuntimeChannel);
+  return loss / static_cast<double>(view.replicas);
+}
+
+void Executor::Impl::end_pass() {
+  values.assign(g.nodes.size(), {});
+  pieces_io.clear();
+  tokens = torch::Tensor();
+}
+
 StepResult Executor::Impl::step(int64_t s) {
   StepResult res;
   cur_step = s + 1;
@@ -125,31 +154,16 @@ StepResult Executor::Impl::step(int64_t s) {
     sp->set_lr(res.lr);
   }
   if (queues) queues->synchronize_current();  // the zeroed gradients, before any op stream adds to them
-  pieces_io.clear();
-  for (size_t v = 0; v < g.nodes.size(); ++v)
-    if (view.mine(plan, static_cast<NodeId>(v)))
-      pieces_io[{node(NodeId(v)).stage, node(NodeId(v)).microbatch, node(NodeId(v)).segment}];
-  values.assign(g.nodes.size(), {});
-  losses.assign(g.nodes.size(), 0.0);
-  for (size_t v = 0; v < g.nodes.size(); ++v) unread[v] = consumers[v];
+  begin_pass();
   std::string failure = threads->run(s + 1, [this](NodeId v) { run(v); },
                                      [this](const std::string& msg) { comm.abort(msg); }, &res.ops);
   if (!failure.empty()) comm.abort(failure);
   res.ops_began = std::chrono::duration<double>(threads->began().time_since_epoch()).count();
   if (queues) queues->synchronize();  // the step ends when its kernels have, not its launches
 
-  // The loss lives on the last stage's ranks: sum it over everyone, average over replicas.
-  double loss = 0;
-  for (size_t v = 0; v < g.nodes.size(); ++v) {
-    const Node& n = node(NodeId(v));
-    if (n.op == Op::F && last_piece(n) && view.mine(plan, NodeId(v))) loss += losses[v];
-  }
-  comm.all_reduce_sum(&loss, 1, everyone(comm), kRuntimeChannel);
-  res.loss = loss / static_cast<double>(view.replicas);
+  res.loss = pass_loss();
   res.grad_norm = grad_norm;
-  values.assign(g.nodes.size(), {});
-  pieces_io.clear();
-  tokens = torch::Tensor();
+  end_pass();
   res.memory = memory_stats(comm.rank());
   if (!dev.is_cpu())  // the device's tensors: its allocator's figures, where this LibTorch gives them
     if (auto m = device_memory_stats(opt.device)) res.memory = *m;

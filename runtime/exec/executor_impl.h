@@ -98,6 +98,9 @@ struct Executor::Impl {
   void run_op(ir::NodeId v);
 
   StepResult step(int64_t s);
+  void begin_pass();
+  double pass_loss();
+  void end_pass();
   void prepare_evaluation();
   double evaluate(const TokenData& val, int64_t batches);
 };

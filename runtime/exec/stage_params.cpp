@@ -465,23 +465,27 @@ std::pair<double, double> StageParams::checksum(bool owner_of_replicated) const 
       sumsq += (d * d).sum().item<double>();
     }
   };
-  // What this rank owns: its shards of the storage layout, or (ZeRO 0) everything on the owner.
+  each_owned(owner_of_replicated, [&](const torch::Tensor& value, const torch::Tensor&, bool) { add(value); });
+  return {sum, sumsq};
+}
+
+// What this rank owns, each element of the model once over all ranks: its shards of the storage
+// layout, or (ZeRO 0) everything on the owner; a tied copy where its original is; its experts.
+void StageParams::each_owned(bool owner_of_replicated, const OwnedFn& fn) const {
   const ir::Replication& rep = view_.facts->replication;
   const std::vector<ir::Range>& mine = view_.facts->storage.members[view_.member].stepped;
   if (view_.zero() == 3) {
     for (size_t u = 0; u < shard_param_.size(); ++u)
-      if (!is_copy(rep.units[u])) add(shard_param_[u]);
+      if (!is_copy(rep.units[u])) fn(shard_param_[u], shard_grad_[u], false);
   } else if (view_.zero() > 0) {
     for (size_t b = 0; b < mine.size(); ++b)
-      if (!is_copy(rep.buckets[b])) add(flat_.narrow(0, mine[b].begin, mine[b].size()));
-  } else if (owner_of_replicated && copy_.empty()) {
-    add(flat_);
+      if (!is_copy(rep.buckets[b])) fn(flat_.narrow(0, mine[b].begin, mine[b].size()), shard_grad_[grad_shard_of_[b]], false);
   } else if (owner_of_replicated) {
-    for (size_t i = 0; i < dense_.size(); ++i)  // a tied copy is counted where its original is
-      if (!copy_[i]) add(flat_.narrow(0, offset_[i], dense_[i].numel()));
+    for (size_t i = 0; i < dense_.size(); ++i)
+      if (copy_.empty() || !copy_[i])
+        fn(flat_.narrow(0, offset_[i], dense_[i].numel()), grad_.narrow(0, offset_[i], dense_[i].numel()), false);
   }
-  if (expert_flat_.defined()) add(expert_flat_);
-  return {sum, sumsq};
+  if (expert_flat_.defined()) fn(expert_flat_, expert_grad_, true);
 }
 
 double StageParams::grad_square_sum(bool owner_of_replicated) const {
@@ -492,22 +496,14 @@ double StageParams::grad_square_sum(bool owner_of_replicated) const {
     const double n = at::linalg_vector_norm(t.detach().reshape({-1}), 2).item<double>();
     return n * n;
   };
+  // The gradients are still the replicas' (or the expert group's) sums: their squares scaled to the mean's.
   const double ways = static_cast<double>(std::max<size_t>(1, view_.dp_group.size()));
-  const double avg = view_.replicated() ? 1.0 / (ways * ways) : 1.0;  // of the replicas' sum
-  const ir::Replication& rep = view_.facts->replication;
-  const std::vector<ir::Range>& mine = view_.facts->storage.members[view_.member].stepped;
+  const double dense_scale = view_.replicated() ? 1.0 / (ways * ways) : 1.0;
+  const double expert_scale = 1.0 / double(expert_replicas_ * expert_replicas_);
   double sum = 0;
-  if (view_.zero() == 3) {
-    for (size_t u = 0; u < rep.units.size(); ++u)
-      if (!is_copy(rep.units[u])) sum += avg * sq(shard_grad_[u]);
-  } else if (view_.zero() > 0) {
-    for (size_t b = 0; b < mine.size(); ++b)
-      if (!is_copy(rep.buckets[b])) sum += avg * sq(shard_grad_[grad_shard_of_[b]]);
-  } else if (owner_of_replicated) {
-    for (size_t i = 0; i < dense_.size(); ++i)  // a tied copy is counted where its original is
-      if (copy_.empty() || !copy_[i]) sum += avg * sq(grad_.narrow(0, offset_[i], dense_[i].numel()));
-  }
-  if (expert_grad_.defined()) sum += sq(expert_grad_) / double(expert_replicas_ * expert_replicas_);
+  each_owned(owner_of_replicated, [&](const torch::Tensor&, const torch::Tensor& grad, bool expert) {
+    sum += (expert ? expert_scale : dense_scale) * sq(grad);
+  });
   return sum;
 }
 

@@ -148,6 +148,10 @@ class StageParams {
   void pieces(bool expert, int64_t at, const torch::Tensor& value, const torch::Tensor& m, const torch::Tensor& v,
               std::vector<StatePiece>& out, bool skip_copies = false) const;
   bool is_copy(const ir::Range& r) const;  // r lies within a tied copy
+  // Calls fn(values, gradients, expert?) for what this rank owns (checksum and the global norm count
+  // the same elements).
+  using OwnedFn = std::function<void(const torch::Tensor& value, const torch::Tensor& grad, bool expert)>;
+  void each_owned(bool owner_of_replicated, const OwnedFn& fn) const;
 };
 
 // The tensor of parameter `name` ("w" or "sub.w") of a module; and replacing it.
