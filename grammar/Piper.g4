@@ -13,7 +13,7 @@ stmt        : 'param' NAME '=' expr ('in' domain)? ';'                    # para
             | 'for' NAME 'in' expr '..' expr block                        # forStmt
             | 'place' selectors placeTarget streamClause? ';'             # placeStmt
             | 'replicate' selectors 'over' axisRef replicateOpt* streamClause? ';' # replicateStmt
-            | 'shard' selectors 'over' axisRef streamClause? ';'          # shardStmt
+            | 'shard' selectors 'over' axisRef shardDim? streamClause? ';' # shardStmt
             | 'split' 'batch' 'into' expr ';'                             # splitStmt
             | 'order' chain streamClause? ';'                             # orderStmt
             | 'sequence' block                                            # sequenceStmt
@@ -31,6 +31,7 @@ axisDef     : NAME '=' expr ;
 binding     : NAME '=' expr ;
 axisRef     : NAME ('=' expr)? ;
 streamClause: 'on' 'stream' NAME ;
+shardDim    : NAME ;                                                      // tensor parallelism: heads, hidden
 
 placeTarget : 'over' axisRef placeMode?                                   # placeOver
             | 'on' coord (',' coord)*                                     # placeOn

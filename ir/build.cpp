@@ -6,6 +6,7 @@
 // reduction starts when its regions' backward is done, and each unit is gathered just for its piece).
 #include <fmt/format.h>
 
+#include <map>
 #include <set>
 
 #include "ir/pass.h"
@@ -28,22 +29,43 @@ int64_t numel(const ParamSpec& p) {
   return n;
 }
 
+// Regions sharded over a tensor-parallel axis, with the directive.
+std::map<RegionId, const TensorShardDirective*> tensor_sharded(const CheckedStrategy& s) {
+  std::map<RegionId, const TensorShardDirective*> out;
+  for (const auto& d : s.directives)
+    if (const auto* t = std::get_if<TensorShardDirective>(&d.body))
+      for (RegionId r : t->regions) out.emplace(r, t);
+  return out;
+}
+
+// The regions of `tp` inside `r`, in manifest order (the order a block runs them).
+std::vector<RegionId> tp_inside(const Manifest& m, RegionId r, const std::map<RegionId, int64_t>& tp) {
+  std::vector<RegionId> out;
+  for (const auto& [q, ways] : tp)
+    if (m.is_ancestor(r, q)) out.push_back(q);
+  return out;
+}
+
 // The dense layout: a region's own parameters, then its children's, depth first in manifest order;
 // sharded lists are left out (each rank holds its own members of them). A tied parameter is laid
 // out once per stage, where its first member in the stage is: one tensor, counted and stepped once.
-void lay_out(const Manifest& m, RegionId r, const std::set<RegionId>& sharded, StageFacts& st) {
+// A region sharded over tp (`tp`: its ways) lays out one rank's slice of each sliced parameter.
+void lay_out(const Manifest& m, RegionId r, const std::set<RegionId>& sharded, const std::map<RegionId, int64_t>& tp,
+             StageFacts& st) {
   if (sharded.count(r)) return;
   const Region& reg = m.regions[static_cast<size_t>(r)];
+  const auto ways = tp.find(r);
   for (size_t i = 0; i < reg.params.size(); ++i) {
-    const int64_t n = numel(reg.params[i]);
+    const bool sliced = ways != tp.end() && reg.params[i].sharded();
+    const int64_t n = numel(reg.params[i]) / (sliced ? ways->second : 1);
     if (const int32_t tie = m.tie_of(r, static_cast<int32_t>(i)); tie >= 0) {
       if (std::any_of(st.tied.begin(), st.tied.end(), [&](const TiedSlot& t) { return t.tie == tie; })) continue;
       st.tied.push_back(TiedSlot{tie, Range{st.dense_elems, st.dense_elems + n}});
     }
-    st.dense.push_back(ParamSlot{r, static_cast<int32_t>(i), st.dense_elems, n});
+    st.dense.push_back(ParamSlot{r, static_cast<int32_t>(i), st.dense_elems, n, sliced});
     st.dense_elems += n;
   }
-  for (RegionId ch : reg.children) lay_out(m, ch, sharded, st);
+  for (RegionId ch : reg.children) lay_out(m, ch, sharded, tp, st);
 }
 
 int64_t bytes_per_element(const StageFacts& st, const Manifest& m) {
@@ -58,8 +80,8 @@ std::pair<int64_t, int64_t> laid_out(const StageFacts& st, const Manifest& m, Re
   int64_t elems = 0, bytes = 0;
   for (const ParamSlot& p : st.dense)
     if (m.is_ancestor(r, p.region)) {
-      elems += p.numel;
-      bytes += m.regions[static_cast<size_t>(p.region)].params[static_cast<size_t>(p.index)].bytes;
+      elems += p.numel;  // a tensor-parallel slice: its elements only
+      bytes += p.numel * dtype_bytes(m.regions[static_cast<size_t>(p.region)].params[static_cast<size_t>(p.index)].dtype);
     }
   return {elems, bytes};
 }
@@ -118,7 +140,7 @@ std::vector<Range> pack_buckets(const std::vector<std::vector<Range>>& runs, int
 // A stage's pieces: runs of pipeline regions cut where `cut_before[k]` says (region k starts a
 // piece), and around every sharded list (an expert piece of its own).
 std::vector<Segment> cut(const StageFacts& st, const Manifest& m, const std::set<RegionId>& sharded,
-                         const std::vector<bool>& cut_before) {
+                         const std::map<RegionId, int64_t>& tp, const std::vector<bool>& cut_before) {
   std::vector<Segment> out(1);
   int64_t at = 0;  // dense elements laid out so far
   for (size_t k = 0; k < st.regions.size(); ++k) {
@@ -133,6 +155,18 @@ std::vector<Segment> cut(const StageFacts& st, const Manifest& m, const std::set
     const auto [elems, bytes] = laid_out(st, m, r);
     dense.param_bytes += bytes;
     dense.flops += m.flops(r);
+    // A sharded region's work (its projections and its heads' attention) splits over its ranks; its
+    // output is summed over them once a sample.
+    for (RegionId q : tp_inside(m, r, tp)) {
+      const int64_t ways = tp.at(q);
+      dense.flops -= m.flops(q) - m.flops(q) / ways;
+      dense.tp_regions.push_back(q);
+      const auto& out = m.regions[static_cast<size_t>(q)].output;
+      int64_t b = out ? dtype_bytes(out->dtype) : 0;
+      if (out)
+        for (int64_t d : out->shape) b *= d;
+      dense.tp_reduce_bytes += b;
+    }
     at += elems;
     dense.dense.end = at;
     for (RegionId l : inside) {
@@ -252,12 +286,17 @@ void build_pass(LowerContext& c) {
   const auto lists = sharded_lists(c.strategy);
   std::set<RegionId> sharded;
   for (const auto& [r, d] : lists) sharded.insert(r);
+  std::map<RegionId, int64_t> tp;  // tensor-sharded regions: their ways
+  for (const auto& [r, d] : tensor_sharded(c.strategy)) tp.emplace(r, c.strategy.axis_size(d->axis));
   for (const Stage& s : stages) {
     StageFacts st;
     st.regions = s.regions;
     st.coord = s.coord;
     st.chunk = s.chunk;
-    for (RegionId r : s.regions) lay_out(c.manifest, r, sharded, st);
+    for (RegionId r : s.regions) lay_out(c.manifest, r, sharded, tp, st);
+    for (const auto& [r, d] : tensor_sharded(c.strategy))
+      if (std::any_of(s.regions.begin(), s.regions.end(), [&](RegionId q) { return c.manifest.is_ancestor(q, r); }))
+        st.tp = TensorParallel{c.axis_index(d->axis), c.strategy.axis_size(d->axis)};
     st.precision = precision_of(c.strategy, c.manifest, s.regions);
     if (!decide_replication(c, st)) {
       c.failed = true;
@@ -273,7 +312,7 @@ void build_pass(LowerContext& c) {
             if (c.manifest.is_ancestor(st.regions[k], p.region)) cut_before[k] = true;
           break;
         }
-    st.segments = cut(st, c.manifest, sharded, cut_before);
+    st.segments = cut(st, c.manifest, sharded, tp, cut_before);
     mark_tied_uses(st, c.manifest);
     // Expert ownership: each list's members in contiguous blocks over the shard axis.
     for (size_t j = 0; j < st.segments.size(); ++j) {

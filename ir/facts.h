@@ -26,10 +26,13 @@ struct Range {
 
 // One parameter in a flat layout: `numel` elements from `offset`, owned by `region` (manifest
 // region id; its `index`-th parameter).
+// `sliced`: tensor parallelism cut it (the manifest's ParamSpec says along which dimension): `numel`
+// is one rank's slice, the same on every rank of the tensor-parallel group.
 struct ParamSlot {
   RegionId region = -1;
   int32_t index = 0;
   int64_t offset = 0, numel = 0;
+  bool sliced = false;
   bool operator==(const ParamSlot&) const = default;
 };
 
@@ -45,6 +48,10 @@ struct Segment {
   std::vector<Range> tied;
   int64_t param_bytes = 0;        // parameters it touches on one rank
   int64_t flops = 0;              // forward FLOPs per sample, on one rank
+  // Tensor parallelism: the regions it runs sharded, each ending in an all-reduce of its partial
+  // output in the forward and of its input gradient in the backward, inside the piece, on its stream.
+  std::vector<RegionId> tp_regions;
+  int64_t tp_reduce_bytes = 0;    // per sample: the bytes those forward all-reduces sum (as many backward)
   // Whether the piece reads (and writes gradients into) any element of `r` of the layout.
   bool touches(const Range& r) const {
     auto overlap = [&](const Range& a) { return a.begin < r.end && r.begin < a.end; };
@@ -126,6 +133,12 @@ struct StageStorage {
   std::vector<MemberStorage> members;  // per member of the replication group (one when not replicated)
 };
 
+// Tensor parallelism of a stage: its sharded regions' slices over one model axis (-1: none).
+struct TensorParallel {
+  int32_t axis = -1;
+  int64_t ways = 1;
+};
+
 struct StageFacts {
   std::vector<RegionId> regions;  // the pipeline regions of the stage, in order
   int64_t coord = 0;              // on the pipeline axis
@@ -136,6 +149,7 @@ struct StageFacts {
   Replication replication;
   std::vector<ExpertShard> experts;
   std::vector<TiedSlot> tied;
+  TensorParallel tp;
   DType precision = DType::F32;   // compute precision (`precision bf16`)
   StageStorage storage;           // what each replica member holds (the storage pass)
 };

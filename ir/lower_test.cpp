@@ -421,3 +421,51 @@ TEST_CASE("expert parallelism × dp: the update waits for the experts' backwards
     CHECK(experts_in == 4 * pieces);  // one per microbatch and expert piece
   }
 }
+
+TEST_CASE("tensor parallelism: each rank lays out its slices, its pieces run the sharded regions at 1/tp of their work") {
+  Front f;
+  Graph whole = lowered(f, "split batch into 1;\n");
+  Graph g = lowered(f, "mesh tp = 2;\nshard layers[*].attn over tp heads;\nshard layers[*].mlp over tp hidden;\n");
+  CHECK(g.facts.mesh.axes().front().model);
+  CHECK(g.facts.mesh.replicas(-1) == 1);  // the tp ranks read the same samples
+  const StageFacts& st = g.facts.stages.front();
+  CHECK(st.tp.ways == 2);
+  // Sliced: q/k/v, its bias, the output projection, the MLP's two matrices and first bias; the
+  // norms, the biases added after the sum, embeddings and head stay whole.
+  int64_t sliced = 0, kept = 0;
+  for (const ParamSlot& p : st.dense) {
+    const ParamSpec& spec = f.manifest.regions[static_cast<size_t>(p.region)].params[static_cast<size_t>(p.index)];
+    const int64_t n = spec.bytes / 4;
+    CHECK(p.numel == (p.sliced ? n / 2 : n));
+    CHECK(p.sliced == spec.sharded());
+    (p.sliced ? sliced : kept) += n;
+  }
+  CHECK(sliced > 0);
+  CHECK(st.dense_elems == kept + sliced / 2);
+  CHECK(whole.facts.stages.front().dense_elems == kept + sliced);
+  // No communication node: the sums run inside the piece; the piece says which regions and how much.
+  CHECK(census(g) == std::map<std::string, int>{{"F", 1}, {"B", 1}, {"U", 1}});
+  const Segment& seg = st.segments.front();
+  CHECK(seg.tp_regions.size() == 16);  // 8 layers × (attention, MLP)
+  CHECK(seg.tp_reduce_bytes == 16 * 64 * 64 * 4);  // each region's [seq, d] fp32 output per sample
+  int64_t tp_flops = 0;
+  for (RegionId q : seg.tp_regions) tp_flops += f.manifest.flops(q);
+  CHECK(find(g, "0F0").flops == find(whole, "0F0").flops - tp_flops + tp_flops / 2);
+}
+
+TEST_CASE("tensor parallelism composes: ZeRO shards the slices over dp, the pipeline cuts the sharded blocks") {
+  Front f;
+  Graph g = lowered(f, "use \"1f1b.piper\";\nuse \"zero1.piper\";\nuse \"tp.piper\";\n",
+                    CommandLine{.sets = {"pp=2", "dp=2", "tp=2", "mb=2"}});
+  CHECK(g.facts.mesh.replicas(g.facts.pipeline_axis) == 2);  // dp only
+  for (const StageFacts& st : g.facts.stages) {
+    CHECK(st.tp.ways == 2);
+    CHECK(st.replication.ways == 2);
+    CHECK(st.storage.members.size() == 2);
+    int64_t stepped = 0;
+    for (const MemberStorage& m : st.storage.members) stepped += m.stepped_elems();
+    CHECK(stepped == st.dense_elems);  // the members' shards cover the rank's slices, once
+  }
+  // The tp ranks of a stage sit next to each other (mesh pp, dp, tp): rank 0's tp peer is rank 1.
+  CHECK(g.facts.mesh.group_along(0, g.facts.mesh.index("tp")) == std::vector<int32_t>{0, 1});
+}

@@ -102,6 +102,7 @@ struct ReplicateStmt {
 struct ShardStmt {
   std::vector<Selector> regions;
   AxisRef axis;
+  std::optional<std::pair<std::string, SourceLoc>> dim;  // `over tp heads`: what a tensor shard splits
   std::optional<std::pair<std::string, SourceLoc>> stream;
 };
 struct SplitStmt { ExprPtr microbatches; };

@@ -154,6 +154,8 @@ class Checker {
   void record_placement(const ast::PlaceStmt& p, const ast::Stmt& s, PlaceDirective d);
   void stmt(const ast::ReplicateStmt& r, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void stmt(const ast::ShardStmt& sh, const ast::Stmt& s, Env& env, UseContext&, FileId);
+  void tensor_shard(const ast::ShardStmt& sh, const ast::Stmt& s, const std::vector<RegionId>& sel,
+                    const std::string& axis);
   void stmt(const ast::SplitStmt& sp, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void stmt(const ast::OrderStmt& o, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void stmt(const ast::SequenceStmt& q, const ast::Stmt&, Env& env, UseContext& use, FileId file);
@@ -192,7 +194,8 @@ class Checker {
   std::set<std::string> used_overrides_;
   std::map<std::string, SourceLoc> bound_by_use_;  // parameters a `use` argument fixed, where
   std::set<std::string> used_axes_;
-  std::map<std::string, SourceLoc> replicate_axes_, shard_axes_;
+  std::map<std::string, SourceLoc> replicate_axes_, shard_axes_, tensor_axes_;
+  std::map<RegionId, SourceLoc> tensor_sharded_;  // regions sharded over a tensor-parallel axis, where
   std::map<RegionId, SourceLoc> placed_;  // where each pipeline region was placed ("placed twice/never")
   std::map<std::pair<int64_t, int64_t>, std::pair<bool, SourceLoc>> backward_form_;
   std::vector<PendingOrder> pending_;

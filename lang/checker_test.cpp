@@ -209,3 +209,29 @@ TEST_CASE("orders are expanded after all placement, so they may precede place") 
   REQUIRE_MESSAGE(s, f.errors());
   CHECK(directives_of<OrderDirective>(*s).size() == 1);
 }
+
+TEST_CASE("a tensor shard records the regions and their layout's dimension, and makes its axis a model axis") {
+  Front f;
+  auto s = f.check("mesh dp = 2, tp = 2;\nreplicate * over dp;\nshard layers[*].attn over tp heads;\n"
+                   "shard layers[*].mlp over tp;\n");
+  REQUIRE_MESSAGE(s, f.errors());
+  auto t = directives_of<TensorShardDirective>(*s);
+  REQUIRE(t.size() == 2);
+  CHECK(t[0]->regions.size() == 8);
+  CHECK(t[0]->axis == "tp");
+  CHECK(t[0]->dim == "heads");
+  CHECK(t[1]->dim == "hidden");  // the layout's own, when not written
+  CHECK(directives_of<ShardDirective>(*s).empty());
+  CHECK(s->mesh.axes()[1].model);
+  CHECK(!s->mesh.axes()[0].model);
+  CHECK(s->replicas() == 2);  // dp reads its own samples; tp does not
+  CHECK(s->mesh.replica_of(1, -1) == 0);
+  CHECK(s->mesh.replica_of(2, -1) == 1);
+  // The canonical text checks back to the same records.
+  const std::string text = print_strategy(*s, f.manifest);
+  CHECK(text.find("shard layers[*].attn over tp heads;") != std::string::npos);
+  Front g;
+  auto again = g.check(text);
+  REQUIRE_MESSAGE(again, g.errors());
+  CHECK(directives_of<TensorShardDirective>(*again).size() == 2);
+}

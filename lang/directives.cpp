@@ -218,6 +218,9 @@ void Checker::stmt(const ast::ShardStmt& sh, const ast::Stmt& s, Env& env, UseCo
   if (!sel) return;
   auto axis = check_axis(sh.axis, env);
   if (!axis) return;
+  // A shard of a list spreads its members (experts); of a region with a tp layout, its tensors.
+  if (sh.dim || std::none_of(sel->begin(), sel->end(), [&](RegionId r) { return m_.is_list(r); }))
+    return tensor_shard(sh, s, *sel, *axis);
   auto stream = check_stream(sh.stream);
   if (!stream) return;
   int64_t n = axis_size(*axis);
@@ -238,6 +241,62 @@ void Checker::stmt(const ast::ShardStmt& sh, const ast::Stmt& s, Env& env, UseCo
   }
   shard_axes_.emplace(*axis, s.loc);
   out_.directives.push_back(Directive{s.loc, ShardDirective{*sel, *axis, *stream}, diags_.context()});
+}
+
+// `shard layers[*].attn over tp heads;`: tensor parallelism over a model axis, as the regions' tp
+// layouts in the manifest say.
+void Checker::tensor_shard(const ast::ShardStmt& sh, const ast::Stmt& s, const std::vector<RegionId>& sel,
+                           const std::string& axis) {
+  const SourceLoc at = sh.regions.front().loc;
+  if (sh.stream) {
+    diags_.error(sh.stream->second, "a tensor shard's collectives run inside its regions, on their compute stream")
+        .note(SourceLoc{}, "drop `on stream`: naming a stream for them is not supported yet");
+    return;
+  }
+  const int64_t n = axis_size(axis);
+  for (RegionId r : sel) {
+    const Region& reg = m_.regions[static_cast<size_t>(r)];
+    if (!reg.tp) {
+      std::vector<std::string> with;
+      for (size_t q = 0; q < m_.regions.size() && with.size() < 3; ++q)
+        if (m_.regions[q].tp) with.push_back(fmt::format("{} ({})", m_.selector_text(RegionId(q)), m_.regions[q].kind));
+      auto& d = diags_.error(at, fmt::format("cannot shard '{}' over {}: it has no tensor-parallel layout in the manifest",
+                                             m_.selector_text(r), axis));
+      if (with.empty())
+        d.note(SourceLoc{}, "the manifest declares none (a region's `tp` field and its parameters' `shard`, docs/manifest.md)");
+      else
+        d.note(SourceLoc{}, fmt::format("regions with one: {}{}", fmt::join(with, ", "), with.size() == 3 ? ", ..." : ""));
+      d.note(SourceLoc{}, "or shard a list region (such as layers[*].moe.experts) to spread its members over the axis");
+      return;
+    }
+    if (sh.dim && sh.dim->first != reg.tp->dim) {
+      diags_.error(sh.dim->second, fmt::format("'{}' splits by {}, not by '{}'", m_.selector_text(r), reg.tp->dim,
+                                               sh.dim->first));
+      return;
+    }
+    if (reg.tp->count % n != 0) {
+      diags_.error(at, fmt::format("'{}' has {} {}, which do not divide evenly over {}={}", m_.selector_text(r),
+                                   reg.tp->count, reg.tp->dim, axis, n));
+      return;
+    }
+    if (auto [it, fresh] = tensor_sharded_.emplace(r, s.loc); !fresh) {
+      diags_.error(at, fmt::format("'{}' is sharded over a tensor-parallel axis twice", m_.selector_text(r)))
+          .note(it->second, "first sharded here");
+      return;
+    }
+  }
+  if (!tensor_axes_.empty() && !tensor_axes_.count(axis)) {
+    diags_.error(sh.axis.loc, fmt::format("one tensor-parallel axis per strategy: regions are already sharded over '{}'",
+                                          tensor_axes_.begin()->first))
+        .note(tensor_axes_.begin()->second, "sharded over it here");
+    return;
+  }
+  tensor_axes_.emplace(axis, s.loc);
+  for (MeshAxis& a : axes_)
+    if (a.name == axis) a.model = true;
+  out_.directives.push_back(
+      Directive{s.loc, TensorShardDirective{sel, axis, sel.empty() ? "" : m_.regions[static_cast<size_t>(sel.front())].tp->dim},
+                diags_.context()});
 }
 
 void Checker::stmt(const ast::SplitStmt& sp, const ast::Stmt& s, Env& env, UseContext&, FileId) {

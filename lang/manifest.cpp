@@ -182,7 +182,8 @@ class Loader {
         return fail(where + ".flops", "flops must be a non-negative number"), false;
       r.flops = static_cast<int64_t>(j["flops"].get<double>());
     }
-    for (auto [field, slot] : {std::pair{"memory", &r.memory}, std::pair{"memory_bf16", &r.memory_bf16}}) {
+    for (auto [field, slot] : {std::pair{"memory", &r.memory}, std::pair{"memory_bf16", &r.memory_bf16},
+                               std::pair{"memory_tp2", &r.memory_tp2}}) {
       if (!j.contains(field)) continue;
       const json& mem = j[field];
       RegionMemory rm;
@@ -229,10 +230,48 @@ class Loader {
         if (p.contains("bytes") && (!p["bytes"].is_number_integer() || p["bytes"].get<int64_t>() != spec.bytes))
           return fail(pp + ".bytes", fmt::format("says {} but shape and dtype give {} bytes", p["bytes"].dump(),
                                                  spec.bytes)), false;
+        if (p.contains("shard") && !param_shard(p["shard"], pp + ".shard", spec)) return false;
         r.params.push_back(std::move(spec));
       }
     }
+    if (j.contains("tp") && !tensor_layout(j["tp"], where + ".tp", r)) return false;
+    if (!r.tp && std::any_of(r.params.begin(), r.params.end(), [](const ParamSpec& p) { return p.sharded(); }))
+      return fail(where, "parameters say how they shard, but the region has no \"tp\" layout"), false;
     insert(m, std::move(r));
+    return true;
+  }
+
+  // `"shard": {"dim": 0, "blocks": 3}`: which dimension tensor parallelism cuts (ParamSpec).
+  bool param_shard(const json& j, const std::string& at, ParamSpec& spec) {
+    const int64_t rank = static_cast<int64_t>(spec.shape.size());
+    if (!j.is_object() || !j.contains("dim") || !j["dim"].is_number_integer() || j["dim"].get<int64_t>() < 0 ||
+        j["dim"].get<int64_t>() >= rank)
+      return fail(at, fmt::format("expected {{\"dim\": 0..{}, \"blocks\": n}} (the dimension tensor parallelism cuts)",
+                                  rank - 1)), false;
+    spec.shard_dim = static_cast<int32_t>(j["dim"].get<int64_t>());
+    spec.shard_blocks = 1;
+    if (j.contains("blocks")) {
+      if (!j["blocks"].is_number_integer() || j["blocks"].get<int64_t>() < 1)
+        return fail(at + ".blocks", "expected a positive integer"), false;
+      spec.shard_blocks = j["blocks"].get<int64_t>();
+    }
+    if (spec.shape[static_cast<size_t>(spec.shard_dim)] % spec.shard_blocks != 0)
+      return fail(at, fmt::format("dimension {} ({}) does not split into {} blocks", spec.shard_dim,
+                                  spec.shape[static_cast<size_t>(spec.shard_dim)], spec.shard_blocks)), false;
+    return true;
+  }
+
+  // `"tp": {"dim": "heads", "count": 12}`: the region can be sharded over a tensor-parallel axis.
+  bool tensor_layout(const json& j, const std::string& at, Region& r) {
+    if (!j.is_object() || !j.contains("dim") || !j["dim"].is_string() || !j.contains("count") ||
+        !j["count"].is_number_integer() || j["count"].get<int64_t>() < 1)
+      return fail(at, "expected {\"dim\": \"heads\", \"count\": n} (what tensor parallelism splits, how many)"), false;
+    r.tp = TensorLayout{j["dim"].get<std::string>(), j["count"].get<int64_t>()};
+    for (const ParamSpec& p : r.params)
+      if (p.sharded() && (p.shape[static_cast<size_t>(p.shard_dim)] / p.shard_blocks) % r.tp->count != 0)
+        return fail(at, fmt::format("parameter '{}' dimension {} ({} in {} blocks) is not a multiple of {} {}", p.name,
+                                    p.shard_dim, p.shape[static_cast<size_t>(p.shard_dim)], p.shard_blocks,
+                                    r.tp->count, r.tp->dim)), false;
     return true;
   }
 

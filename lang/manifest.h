@@ -26,6 +26,19 @@ struct ParamSpec {
   std::vector<int64_t> shape;
   DType dtype = DType::F32;
   int64_t bytes = 0;
+  // Tensor parallelism (the region's `tp` layout): dimension `shard_dim` is cut into `shard_blocks`
+  // equal blocks (3 for a fused q/k/v projection) and each block into tp equal slices, a rank taking
+  // its slice of every block; -1: the parameter is replicated over tp.
+  int32_t shard_dim = -1;
+  int64_t shard_blocks = 1;
+  bool sharded() const { return shard_dim >= 0; }
+};
+
+// How a region splits over a tensor-parallel axis (docs/manifest.md, `tp`): by `dim` ("heads",
+// "hidden"), `count` of them; its parameters say which dimension each splits (ParamSpec::shard_dim).
+struct TensorLayout {
+  std::string dim;
+  int64_t count = 0;
 };
 
 // Activation memory of a region, measured at 1, 2 and 4 samples (piper-model does it with a counting
@@ -59,8 +72,12 @@ struct Region {
   std::vector<ParamSpec> params;   // parameters owned directly by this region
   std::optional<TensorSpec> input, output;
   int64_t flops = 0;  // forward FLOPs per sample for this region alone
+  std::optional<TensorLayout> tp;  // set when the region can be sharded over a tensor-parallel axis
   std::optional<RegionMemory> memory;       // measured activation memory, running the region (subtree) alone
   std::optional<RegionMemory> memory_bf16;  // the same with bf16 parameters and activations
+  // A region with a tp layout, measured on one rank's slice of two (fp32): with `memory`, what its
+  // replicated and its sharded parts hold, so any tp is priced (scheduler/memory.cpp).
+  std::optional<RegionMemory> memory_tp2;
 };
 
 // One parameter tensor shared by several regions (tied weights: an embedding and the output head).

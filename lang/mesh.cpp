@@ -54,11 +54,18 @@ std::vector<int32_t> Mesh::group_along(int64_t rank, int axis) const {
   return out;
 }
 
+int64_t Mesh::replicas(int pipeline_axis) const {
+  int64_t n = world_ / size(pipeline_axis);
+  for (const MeshAxis& a : axes_)
+    if (a.model) n /= a.size;
+  return n;
+}
+
 int64_t Mesh::replica_of(int64_t rank, int pipeline_axis) const {
   int64_t replica = 0;
   auto c = coords(rank);
   for (size_t i = 0; i < axes_.size(); ++i)
-    if (static_cast<int>(i) != pipeline_axis) replica = replica * axes_[i].size + c[i];
+    if (static_cast<int>(i) != pipeline_axis && !axes_[i].model) replica = replica * axes_[i].size + c[i];
   return replica;
 }
 

@@ -13,6 +13,9 @@ struct MeshAxis {
   std::string name;
   int64_t size = 1;
   SourceLoc loc;
+  // Tensor parallelism splits the model over this axis (`shard ... over tp heads`): its ranks read the
+  // same samples, so it is not a data axis.
+  bool model = false;
 };
 
 // Ranks are row-major over the axes in declaration order: the first axis varies slowest, the last
@@ -38,8 +41,9 @@ class Mesh {
   // `rank` and the ranks that differ from it only on `axis` (its collective group along it), ascending.
   std::vector<int32_t> group_along(int64_t rank, int axis) const;
 
-  // Data replicas: every combination of coordinates off the pipeline axis reads its own samples.
-  int64_t replicas(int pipeline_axis) const { return world_ / size(pipeline_axis); }
+  // Data replicas: every combination of coordinates off the pipeline axis and the model (tensor-
+  // parallel) axes reads its own samples.
+  int64_t replicas(int pipeline_axis) const;
   int64_t replica_of(int64_t rank, int pipeline_axis) const;  // 0 .. replicas-1
   // Samples in one microbatch of one replica: the global batch over replicas × microbatches; 0 when
   // it does not split evenly (the checker reports that at `split`).

@@ -199,7 +199,7 @@ class Builder {
       r.stream = stream(p->streamClause());
       s->node = std::move(r);
     } else if (auto* p = dynamic_cast<G::ShardStmtContext*>(c)) {
-      s->node = ast::ShardStmt{selectors(p->selectors()), axis_ref(p->axisRef()), stream(p->streamClause())};
+      s->node = shard_stmt(p);
     } else if (auto* p = dynamic_cast<G::SplitStmtContext*>(c)) {
       s->node = ast::SplitStmt{expr(p->expr())};
     } else if (auto* p = dynamic_cast<G::OrderStmtContext*>(c)) {
@@ -251,6 +251,12 @@ class Builder {
 
   ast::AxisRef axis_ref(G::AxisRefContext* c) {
     return ast::AxisRef{c->NAME()->getText(), c->expr() ? expr(c->expr()) : nullptr, ctx_loc(f_, c)};
+  }
+
+  ast::ShardStmt shard_stmt(G::ShardStmtContext* p) {
+    std::optional<std::pair<std::string, SourceLoc>> dim;
+    if (auto* d = p->shardDim()) dim = std::make_pair(d->NAME()->getText(), tok_loc(f_, d->NAME()->getSymbol()));
+    return ast::ShardStmt{selectors(p->selectors()), axis_ref(p->axisRef()), std::move(dim), stream(p->streamClause())};
   }
 
   std::optional<std::pair<std::string, SourceLoc>> stream(G::StreamClauseContext* c) {

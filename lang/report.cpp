@@ -39,6 +39,7 @@ std::string strategy_report(const CheckedStrategy& s, const Manifest& m) {
       if constexpr (std::is_same_v<T, PlaceDirective>) return "place";
       else if constexpr (std::is_same_v<T, ReplicateDirective>) return "replicate";
       else if constexpr (std::is_same_v<T, ShardDirective>) return "shard";
+      else if constexpr (std::is_same_v<T, TensorShardDirective>) return "tensor shard";
       else if constexpr (std::is_same_v<T, SplitDirective>) return "split";
       else if constexpr (std::is_same_v<T, OrderDirective>) return "order";
       else if constexpr (std::is_same_v<T, RecomputeDirective>) return "recompute";
@@ -55,6 +56,9 @@ std::string strategy_report(const CheckedStrategy& s, const Manifest& m) {
                          r->bucket_bytes ? ", buckets of " + human_bytes(double(r->bucket_bytes)) : "");
     if (const auto* sh = std::get_if<ShardDirective>(&d.body))
       out += fmt::format("    shard {} over {}={}\n", print_regions(sh->regions, m), sh->axis, s.axis_size(sh->axis));
+    if (const auto* t = std::get_if<TensorShardDirective>(&d.body))
+      out += fmt::format("    shard {} over {}={} by {} (tensor parallel)\n", print_regions(t->regions, m), t->axis,
+                         s.axis_size(t->axis), t->dim);
   }
   return out;
 }

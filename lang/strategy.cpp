@@ -155,6 +155,8 @@ std::string directive_text(const Directive& d, const Manifest& m) {
           return out + stream_clause(x.stream) + ";\n";
         } else if constexpr (std::is_same_v<T, ShardDirective>) {
           return fmt::format("shard {} over {}{};\n", print_regions(x.regions, m), x.axis, stream_clause(x.stream));
+        } else if constexpr (std::is_same_v<T, TensorShardDirective>) {
+          return fmt::format("shard {} over {} {};\n", print_regions(x.regions, m), x.axis, x.dim);
         } else if constexpr (std::is_same_v<T, SplitDirective>) {
           return fmt::format("split batch into {};\n", x.microbatches);
         } else if constexpr (std::is_same_v<T, OrderDirective>) {

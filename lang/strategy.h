@@ -52,6 +52,15 @@ struct ShardDirective {
   std::string stream;
 };
 
+// Tensor parallelism: the regions' parameters cut over a model axis as their `tp` layouts say
+// (column blocks, row blocks, the rest replicated); the region runs on its slice and its partial
+// outputs are summed over the axis (Megatron's f and g around it).
+struct TensorShardDirective {
+  std::vector<RegionId> regions;  // regions with a tp layout (attention, mlp)
+  std::string axis;
+  std::string dim;  // the layouts' dimension (heads, hidden), as the region's manifest names it
+};
+
 struct SplitDirective {
   int64_t microbatches = 1;
 };
@@ -70,8 +79,8 @@ struct PrecisionDirective {
   std::vector<RegionId> regions;  // the root when it applies to the whole model
 };
 
-using DirectiveBody = std::variant<PlaceDirective, ReplicateDirective, ShardDirective, SplitDirective,
-                                   OrderDirective, RecomputeDirective, PrecisionDirective>;
+using DirectiveBody = std::variant<PlaceDirective, ReplicateDirective, ShardDirective, TensorShardDirective,
+                                   SplitDirective, OrderDirective, RecomputeDirective, PrecisionDirective>;
 
 // For exhaustive visitors: `else static_assert(unhandled<T>, "...")` makes a directive that a
 // visitor forgets a compile error rather than a silent skip.

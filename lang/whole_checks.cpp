@@ -92,6 +92,22 @@ void Checker::finish_axes() {
                                            pp, uses == &replicate_axes_ ? "replicate" : "shard"))
           .note(first_place_, "placed over it here");
   }
+  // A tensor-parallel axis splits the model: its ranks read the same samples, so it cannot carry
+  // data parallelism, experts or the pipeline too.
+  for (const auto& [axis, loc] : tensor_axes_) {
+    const char* other = axis == pp ? "the pipeline axis" : replicate_axes_.count(axis) ? "replicated over"
+                        : shard_axes_.count(axis) ? "an expert axis" : nullptr;
+    if (!other) continue;
+    SourceLoc there = axis == pp ? first_place_ : replicate_axes_.count(axis) ? replicate_axes_.at(axis) : shard_axes_.at(axis);
+    diags_.error(loc, fmt::format("'{}' is a tensor-parallel axis here but {} too: give tensor parallelism an axis "
+                                  "of its own", axis, other))
+        .note(there, "used here");
+  }
+  if (!tensor_axes_.empty())
+    for (const Directive& d : out_.directives)
+      if (const auto* p = std::get_if<PrecisionDirective>(&d.body); p && p->dtype != DType::F32)
+        diags_.error(d.loc, "precision bf16 with tensor parallelism is not supported yet (its partial sums are fp32)")
+            .note(tensor_axes_.begin()->second, "tensor parallelism here");
   for (const auto& a : axes_)
     if (a.size > 1 && !used_axes_.count(a.name))
       diags_.error(a.loc, fmt::format("mesh axis '{}' (size {}) is not used by any place, replicate or shard",

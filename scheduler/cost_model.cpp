@@ -133,6 +133,7 @@ CostModel CostModel::machine(Machine mc, const std::vector<std::string>& axes, i
   for (size_t r = 0; r < manifest.regions.size(); ++r)
     if (auto it = mc.regions.find(manifest.regions[r].name); it != mc.regions.end()) m.region_times_[r] = it->second;
   m.first_region_ = manifest.sequence.empty() ? -1 : manifest.sequence.front();
+  for (size_t r = 0; r < manifest.regions.size(); ++r) m.subtree_flops_.push_back(manifest.flops(RegionId(r)));
   m.machine_ = std::move(mc);
   m.axes_ = axes;
   m.samples_ = samples;
@@ -155,15 +156,46 @@ std::optional<double> CostModel::measured_chunk(const ir::Graph& g, const ir::No
     const auto& rt = region_times_.at(static_cast<size_t>(r));
     if (!rt) return std::nullopt;
     const auto& cal = machine_->calibration;
+    double rt_x = 0;
     switch (n.op) {
-      case Op::F: t += cal.F * rt->F.at(x); break;
-      case Op::B: t += cal.B * rt->B.at(x); break;
-      case Op::BI: t += first ? 0 : cal.B * rt->BI.at(x); break;
-      case Op::BW: t += cal.B * (first ? rt->B.at(x) : rt->BW.at(x)); break;
+      case Op::F: rt_x = cal.F * rt->F.at(x); break;
+      case Op::B: rt_x = cal.B * rt->B.at(x); break;
+      case Op::BI: rt_x = first ? 0 : cal.B * rt->BI.at(x); break;
+      case Op::BW: rt_x = cal.B * (first ? rt->B.at(x) : rt->BW.at(x)); break;
       default: return std::nullopt;
     }
+    t += rt_x;
   }
-  return std::max(t, 0.0);
+  return std::max(t, 0.0) * tp_share(g, n);
+}
+
+// Regions are measured whole, on one rank: under tensor parallelism the share of a piece's work its
+// sharded regions do (by FLOPs) splits over the axis.
+double CostModel::tp_share(const ir::Graph& g, const ir::Node& n) const {
+  const ir::Segment& seg = g.segment_of(n);
+  const int64_t ways = g.stage(n.stage).tp.ways;
+  if (seg.tp_regions.empty() || ways <= 1) return 1;
+  double whole = 0, sharded = 0;
+  for (RegionId r : seg.regions) whole += static_cast<double>(subtree_flops_.at(static_cast<size_t>(r)));
+  for (RegionId q : seg.tp_regions) sharded += static_cast<double>(subtree_flops_.at(static_cast<size_t>(q)));
+  if (whole <= 0) return 1;
+  return 1 - sharded / whole * (1 - 1.0 / static_cast<double>(ways));
+}
+
+// The all-reduces a tensor-parallel piece runs inside: one per sharded region, of its partial
+// output in the forward and of its input gradient in the backward (none in BW), ring on the tp axis's link.
+double CostModel::tp_comm(const ir::Graph& g, const ir::Node& n) const {
+  using ir::Op;
+  if (n.stage < 0 || n.op == Op::U || n.op == Op::BW) return 0;
+  const ir::Segment& seg = g.segment_of(n);
+  const ir::TensorParallel& tp = g.stage(n.stage).tp;
+  if (seg.tp_regions.empty() || tp.ways <= 1) return 0;
+  const Machine& m = *machine_;
+  const std::string axis = tp.axis >= 0 && static_cast<size_t>(tp.axis) < axes_.size() ? axes_[static_cast<size_t>(tp.axis)] : "";
+  const Link& l = m.axes.count(axis) ? m.axes.at(axis) : m.collectives ? *m.collectives : m.default_link;
+  const double k = static_cast<double>(tp.ways), calls = static_cast<double>(seg.tp_regions.size());
+  const double b = static_cast<double>(seg.tp_reduce_bytes) * static_cast<double>(samples_);
+  return calls * 2 * (k - 1) * l.latency + 2 * (k - 1) / k * b / l.bandwidth;
 }
 
 bool CostModel::measured(const ir::Graph& g) const {
@@ -186,7 +218,7 @@ double CostModel::cost(const ir::Graph& g, const ir::Node& n, int64_t group_size
     }
   }
   const Machine& m = *machine_;
-  if (auto t = measured_chunk(g, n)) return *t;
+  if (auto t = measured_chunk(g, n)) return *t + tp_comm(g, n);
   if (n.op == Op::U && m.update) {
     // The optimizer steps the parameters this rank updates: a stage's, a ZeRO shard of them.
     const ir::StageFacts& st = g.stage(n.stage);
@@ -198,9 +230,9 @@ double CostModel::cost(const ir::Graph& g, const ir::Node& n, int64_t group_size
   const double fwd = static_cast<double>(n.flops) * static_cast<double>(samples_) / m.flops;
   // Backward = input gradient + weight gradient, each about one forward.
   switch (n.op) {
-    case Op::F: return fwd;
-    case Op::B: return 2 * fwd;
-    case Op::BI:
+    case Op::F: return fwd + tp_comm(g, n);
+    case Op::B: return 2 * fwd + tp_comm(g, n);
+    case Op::BI: return fwd + tp_comm(g, n);
     case Op::BW: return fwd;
     case Op::U: return 16.0 * static_cast<double>(n.bytes) / m.memory_bandwidth;  // read/write params, grads, 2 moments
     case Op::Recv: return 0;

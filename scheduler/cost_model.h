@@ -85,8 +85,11 @@ class CostModel {
   int64_t samples_ = 1;
   std::vector<std::optional<RegionTimes>> region_times_;  // by RegionId; empty where not measured
   RegionId first_region_ = -1;
+  std::vector<int64_t> subtree_flops_;  // by RegionId: forward FLOPs per sample of the subtree
   // A measured piece's time, or nothing when one of its regions was not measured.
   std::optional<double> measured_chunk(const ir::Graph& g, const ir::Node& n) const;
+  double tp_share(const ir::Graph& g, const ir::Node& n) const;
+  double tp_comm(const ir::Graph& g, const ir::Node& n) const;
 };
 
 }  // namespace piper::sched

@@ -81,6 +81,35 @@ RegionBytes region_bytes(const Manifest& m, RegionId r, int64_t samples, bool bf
   return {held, held, out, out, held};
 }
 
+// Region `r` on one rank of a tensor-parallel group of `ways`: each sharded region inside it (in
+// `sharded`) holds its replicated part R and its sharded part S / ways, R and S solved from its
+// measurements whole (R + S) and on a slice of two (R + S/2); unmeasured on a slice, all of it shards.
+RegionBytes tp_region_bytes(const Manifest& m, RegionId r, int64_t samples, bool bf16, const std::vector<RegionId>& sharded,
+                            int64_t ways) {
+  RegionBytes b = region_bytes(m, r, samples, bf16);
+  if (ways <= 1) return b;
+  for (RegionId q : sharded) {
+    if (!m.is_ancestor(r, q)) continue;
+    const RegionBytes whole = region_bytes(m, q, samples, bf16);
+    const auto& half = m.regions[static_cast<size_t>(q)].memory_tp2;
+    auto at = [&](int64_t m1, const Measured* m2) {
+      const double t = static_cast<double>(ways);
+      if (!m2) return static_cast<int64_t>(static_cast<double>(m1) / t);
+      const double h = static_cast<double>(m2->at(samples)) * (bf16 ? 0.5 : 1.0), w = static_cast<double>(m1);
+      return std::max<int64_t>(0, static_cast<int64_t>(2 * h - w + 2 * (w - h) / t));
+    };
+    const Measured* split = half && half->split_held ? &*half->split_held : half ? &half->saved : nullptr;
+    const RegionBytes mine{at(whole.saved, half ? &half->saved : nullptr), at(whole.forward_peak, half ? &half->forward_peak : nullptr),
+                           at(whole.backward_peak, half ? &half->backward_peak : nullptr), whole.output,
+                           at(whole.split_held, split)};
+    b.saved -= whole.saved - mine.saved;
+    b.forward_peak -= whole.forward_peak - mine.forward_peak;
+    b.backward_peak -= whole.backward_peak - mine.backward_peak;
+    b.split_held -= whole.split_held - mine.split_held;
+  }
+  return b;
+}
+
 PieceMemory compose(const std::vector<RegionBytes>& rs, int64_t input) {
   PieceMemory p;
   p.input = input;
@@ -246,9 +275,10 @@ class ClassModel {
         const RegionId r = seg.regions[k2];
         if (k2 + 1 == seg.regions.size() && moe_end(x)) {  // the block runs its attention and router only
           for (const char* kind : {"attention", "router"})
-            if (RegionId c = child_of_kind(m_, r, kind); c >= 0) rs.push_back(region_bytes(m_, c, S_, bf16(x)));
+            if (RegionId c = child_of_kind(m_, r, kind); c >= 0)
+              rs.push_back(tp_region_bytes(m_, c, S_, bf16(x), seg.tp_regions, g_.stage(x.stage).tp.ways));
         } else {
-          rs.push_back(region_bytes(m_, r, S_, bf16(x)));
+          rs.push_back(tp_region_bytes(m_, r, S_, bf16(x), seg.tp_regions, g_.stage(x.stage).tp.ways));
         }
       }
       const RegionId first = seg.regions.empty() ? -1 : seg.regions.front();

@@ -11,6 +11,30 @@
 #include "runtime/model/region_model.h"
 #include "runtime/model/region_model_impl.h"
 
+// `verify --tp N`: one line for the regions that pass, one per region that does not.
+bool verify_tensor_parallel(piper::runtime::RegionModel& m, const std::string& path, int64_t tp, int64_t batch) {
+  const auto checks = m.check_tensor_parallel(tp, batch, 0);
+  double out = 0, grad = 0;
+  bool ok = !checks.empty();
+  for (const auto& c : checks) {
+    const bool good = c.error.empty() && c.max_output_diff <= 1e-5 && c.max_grad_diff <= 1e-5;
+    if (!good && c.error.empty())
+      fmt::print("{}: region '{}' as {} slices: max |output diff| {:.3g}, max |grad diff| {:.3g}: MISMATCH\n", path, c.region,
+                 tp, c.max_output_diff, c.max_grad_diff);
+    if (!c.error.empty())
+      fmt::print("{}: region '{}' does not run on a slice of {} (its code must take head and hidden counts from its "
+                 "weights' shapes, docs/models.md):\n{}\n", path, c.region, tp, c.error);
+    out = std::max(out, c.max_output_diff);
+    grad = std::max(grad, c.max_grad_diff);
+    ok = ok && good;
+  }
+  if (checks.empty()) fmt::print("{}: no region has a tensor-parallel layout (`tp` in its manifest)\n", path);
+  else
+    fmt::print("{}: {} regions as {} slices summed vs whole: max |output diff| {:.3g}, max |grad diff| {:.3g}: {}\n", path,
+               checks.size(), tp, out, grad, ok ? "ok" : "MISMATCH");
+  return ok;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"piper-model: build GPT and MoE models with their region manifest, or verify a model.pt"};
   app.require_subcommand(1);
@@ -45,6 +69,9 @@ int main(int argc, char** argv) {
   auto* verify = app.add_subcommand("verify", "check that the regions chained equal the whole model (forward and gradients)");
   verify->add_option("MODEL", verify_path, "model.pt")->required();
   verify->add_option("--batch", batch, "samples in the check batch")->capture_default_str();
+  int64_t tp = 0;
+  verify->add_option("--tp", tp, "also run every region with a tensor-parallel layout as N slices summed, against it whole")
+      ->check(CLI::Range(int64_t{2}, int64_t{1024}));
   auto* measure = app.add_subcommand("measure", "measure each region's activation memory and record it in the manifest "
                                                   "(for models exported from PyTorch)");
   measure->add_option("MODEL", measure_path, "model.pt")->required();
@@ -69,6 +96,7 @@ int main(int argc, char** argv) {
       fmt::print("{}: {} regions, {} parameters; loss {:.4f}; whole vs chained: max |output diff| {:.3g}, "
                  "max |grad diff| {:.3g}: {}\n",
                  verify_path, r.regions, r.parameters, r.loss, r.max_output_diff, r.max_grad_diff, ok ? "ok" : "MISMATCH");
+      if (tp > 0) ok = verify_tensor_parallel(m, verify_path, tp, batch) && ok;
       return ok ? 0 : 1;
     }
     if (manifest_only) {

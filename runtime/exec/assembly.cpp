@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <set>
 
 #include "runtime/exec/executor_impl.h"
@@ -17,14 +19,22 @@ void Executor::Impl::assemble_stages() {
   auto region = [&](RegionId r) { return impl.region(m.regions[static_cast<size_t>(r)].name); };
   std::set<std::string> kept;  // regions whose weights this rank keeps
   std::set<int32_t> tied_here;  // ties a stage on this rank already holds
+  const char* drop = std::getenv("PIPER_TEST_DROP_COLLECTIVE");  // the equivalence test's negative control
   for (auto& [stage, sv] : view.stages) {
     const ir::StageFacts& f = *sv.facts;
+    const int64_t tp_coord = f.tp.axis >= 0 ? plan.dag.facts.mesh.coord(view.rank, f.tp.axis) : 0;
+    if (!sv.tp_group.empty())
+      tensor_groups[stage] = TensorGroup{&comm, sv.tp_group, tensor_channel(stage), drop && std::string(drop) == "tensor"};
     std::vector<torch::Tensor> dense, experts;
     StageParams::Names dense_names, expert_names;
     std::vector<size_t> copies;
     for (const ir::ParamSlot& slot : f.dense) {
       const ParamSpec& spec = m.regions[static_cast<size_t>(slot.region)].params[static_cast<size_t>(slot.index)];
       torch::Tensor t = module_parameter(region(slot.region), spec.name);
+      if (slot.sliced) {  // this rank's slice replaces the whole tensor in the module
+        t = tensor_slice(t, spec, f.tp.ways, tp_coord).requires_grad_(true);
+        set_module_parameter(region(slot.region), spec.name, t);
+      }
       std::string rname = m.regions[static_cast<size_t>(slot.region)].name, pname = spec.name;
       if (const int32_t tie = m.tie_of(slot.region, slot.index); tie >= 0) {
         // Another stage here holds the tensor: this one trains a copy of its own (its flat layout
@@ -67,13 +77,18 @@ void Executor::Impl::assemble_stages() {
                                 m.is_ancestor(r, f.segments[j + 1].sharded);
           if (ends_moe) {
             pm.moe_end = true;
-            pm.attn = region(child_of_kind(r, "attention"));
+            const RegionId attn = child_of_kind(r, "attention");
+            pm.attn = region(attn);
+            pm.attn_sharded = std::count(seg.tp_regions.begin(), seg.tp_regions.end(), attn) > 0;
             pm.router = region(child_of_kind(r, "router"));
           } else {
-            pm.plain.push_back(region(r));
+            sharded_modules(r, seg, pm);
           }
         }
       }
+      if (auto it = tensor_groups.find(stage); it != tensor_groups.end()) pm.tp = &it->second;
+      if ((std::find(pm.sharded.begin(), pm.sharded.end(), true) != pm.sharded.end() || pm.attn_sharded) && !pm.tp)
+        throw std::logic_error(fmt::format("stage {}: a sharded region without a tensor-parallel group", stage));
       ps.push_back(std::move(pm));
     }
     for (const ir::ParamSlot& slot : f.dense) kept.insert(m.regions[static_cast<size_t>(slot.region)].name);
@@ -94,6 +109,21 @@ void Executor::Impl::assemble_stages() {
     auto mod = impl.region(m.regions[r].name);
     for (const auto& spec : m.regions[r].params) set_module_parameter(mod, spec.name, torch::empty({0}));
   }
+}
+
+// The modules that run region `r` of a piece: the region itself, or, when regions inside it run
+// sharded, its children chained (the tensor-parallel contract: such a region is its children in order).
+void Executor::Impl::sharded_modules(RegionId r, const ir::Segment& seg, PieceModules& pm) {
+  auto& impl = model.impl();
+  const Manifest& m = plan.manifest;
+  const bool sharded = std::count(seg.tp_regions.begin(), seg.tp_regions.end(), r) > 0;
+  const bool inside = std::any_of(seg.tp_regions.begin(), seg.tp_regions.end(), [&](RegionId q) { return m.is_ancestor(r, q); });
+  if (sharded || !inside) {
+    pm.plain.push_back(impl.region(m.regions[static_cast<size_t>(r)].name));
+    pm.sharded.push_back(sharded);
+    return;
+  }
+  for (RegionId c : m.regions[static_cast<size_t>(r)].children) sharded_modules(c, seg, pm);
 }
 
 // The child region of `under` with this kind (attention, router).

@@ -22,9 +22,11 @@ std::vector<torch::Tensor> compute(const PieceModules& m, const std::vector<torc
     return {y};
   }
   torch::Tensor x = in.at(0);
-  for (const auto& mod : m.plain) x = const_cast<torch::jit::Module&>(mod).forward({x}).toTensor();
+  for (size_t i = 0; i < m.plain.size(); ++i)
+    x = i < m.sharded.size() && m.sharded[i] ? run_sharded(m.plain[i], x, *m.tp)
+                                              : const_cast<torch::jit::Module&>(m.plain[i]).forward({x}).toTensor();
   if (m.moe_end) {
-    torch::Tensor a = const_cast<torch::jit::Module&>(m.attn).forward({x}).toTensor();
+    torch::Tensor a = m.attn_sharded ? run_sharded(m.attn, x, *m.tp) : const_cast<torch::jit::Module&>(m.attn).forward({x}).toTensor();
     auto hg = const_cast<torch::jit::Module&>(m.router).forward({a}).toTuple();
     return {a, hg->elements()[0].toTensor(), hg->elements()[1].toTensor()};
   }

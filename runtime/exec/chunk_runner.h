@@ -9,12 +9,18 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "runtime/exec/tensor_parallel.h"
 #include "runtime/model/backward_split.h"
 
 namespace piper::runtime {
 
 struct PieceModules {
   std::vector<torch::jit::Module> plain;  // dense: the regions' modules, run in order
+  // Tensor parallelism: per module of `plain` (and the MoE end's attention), whether it runs sharded
+  // (tensor_parallel.h) with `tp`; empty when the piece has no sharded region.
+  std::vector<bool> sharded;
+  bool attn_sharded = false;
+  const TensorGroup* tp = nullptr;
   // Dense, ending with a block whose experts are the next piece: it stops after the block's
   // attention and router (the zoo's MoE contract, docs/models.md) and outputs {attention, h, gates}.
   bool moe_end = false;

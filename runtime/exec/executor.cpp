@@ -65,7 +65,9 @@ void Executor::Impl::setup() {
     if (queues) queues->enter(k);
   });
   threads->set_op_timeout(opt.op_timeout);
-  threads->set_in_order(queues != nullptr);
+  // Tensor-parallel pieces sum partials with their peers in program order: inside an overlap window
+  // too (the first ready would differ between the peers).
+  threads->set_in_order(queues != nullptr || !tensor_groups.empty());
   // This thread filled the flat buffers on its own stream; the op streams do not wait for it.
   if (queues) queues->synchronize_current();
   fault = parse_fault(std::getenv("PIPER_FAULT"));
@@ -115,10 +117,11 @@ void Executor::Impl::begin_pass() {
   for (size_t v = 0; v < g.nodes.size(); ++v) unread[v] = consumers[v];
 }
 
-// The pass's loss: it lives on the last stage's ranks; summed over everyone, averaged over replicas.
+// The pass's loss: it lives on the last stage's ranks; summed over everyone (a tensor-parallel
+// group's leader speaking for it), averaged over replicas.
 double Executor::Impl::pass_loss() {
   double loss = 0;
-  for (size_t v = 0; v < g.nodes.size(); ++v) {
+  for (size_t v = 0; view.tp_leader && v < g.nodes.size(); ++v) {
     const Node& n = node(NodeId(v));
     if (n.op == Op::F && last_piece(n) && view.mine(plan, NodeId(v))) loss += losses[v];
   }

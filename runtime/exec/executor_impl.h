@@ -39,6 +39,7 @@ struct Executor::Impl {
   int64_t seq = 0, model_seq = 0;  // tokens per sample, run and as the model was made
   std::map<int32_t, std::unique_ptr<StageParams>> params;  // per held stage
   std::map<int32_t, std::vector<PieceModules>> pieces;     // per held stage, per segment
+  std::map<int32_t, TensorGroup> tensor_groups;            // per held stage with tensor parallelism
   std::vector<std::vector<ir::NodeId>> data_preds;         // per node: its data predecessors on this rank
   std::vector<int> consumers;                              // per node: its data successors on this rank
   std::unique_ptr<StreamThreads> threads;
@@ -81,6 +82,7 @@ struct Executor::Impl {
   void check_inputs();
   void assemble_stages();
   void index_dataflow();
+  void sharded_modules(RegionId r, const ir::Segment& seg, PieceModules& pm);
   RegionId child_of_kind(RegionId under, const std::string& kind) const;
 
   // The ops (ops.cpp).

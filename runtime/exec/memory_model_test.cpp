@@ -88,6 +88,10 @@ TEST_CASE("the memory model predicts every rank's measured peak within 10%, for 
       {"../tests/strategies/ep2_zero.piper", 2, {"z=2", "mb=2"}, "moe"},
       {"../tests/strategies/1f1b_bf16.piper", 2, {"pp=2", "mb=4"}},
       {"../tests/strategies/zero3_bf16.piper", 2, {"dp=2"}},
+      // Tensor parallelism: slices of the blocks' parameters, their activations by measured parts.
+      {"tp.piper", 2, {"tp=2"}},
+      {"1f1b_tp.piper", 4, {"pp=2", "tp=2", "mb=4"}},
+      {"../tests/strategies/zero1_tp.piper", 4, {"dp=2", "tp=2"}},
   };
   const char* only = std::getenv("PIPER_MEMORY_CASE");  // run one case (debugging)
   for (const Case& c : cases) {

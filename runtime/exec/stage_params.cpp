@@ -474,18 +474,29 @@ std::pair<double, double> StageParams::checksum(bool owner_of_replicated) const 
 void StageParams::each_owned(bool owner_of_replicated, const OwnedFn& fn) const {
   const ir::Replication& rep = view_.facts->replication;
   const std::vector<ir::Range>& mine = view_.facts->storage.members[view_.member].stepped;
+  // Under tensor parallelism the group's ranks hold the same replicated parameters (and experts):
+  // only its leader counts them; every rank counts its slices. `at`: where `value` starts in the layout.
+  auto owned = [&](int64_t at, const torch::Tensor& value, const torch::Tensor& grad) {
+    if (view_.tp_leader) return fn(value, grad, false);
+    const auto& slots = view_.facts->dense;
+    for (const ir::ParamSlot& p : slots) {
+      const int64_t a = std::max(at, p.offset), b = std::min(at + value.numel(), p.offset + p.numel);
+      if (p.sliced && a < b) fn(value.narrow(0, a - at, b - a), grad.narrow(0, a - at, b - a), false);
+    }
+  };
   if (view_.zero() == 3) {
     for (size_t u = 0; u < shard_param_.size(); ++u)
-      if (!is_copy(rep.units[u])) fn(shard_param_[u], shard_grad_[u], false);
+      if (!is_copy(rep.units[u])) owned(view_.my_unit_shard(u).begin, shard_param_[u], shard_grad_[u]);
   } else if (view_.zero() > 0) {
     for (size_t b = 0; b < mine.size(); ++b)
-      if (!is_copy(rep.buckets[b])) fn(flat_.narrow(0, mine[b].begin, mine[b].size()), shard_grad_[grad_shard_of_[b]], false);
+      if (!is_copy(rep.buckets[b]))
+        owned(mine[b].begin, flat_.narrow(0, mine[b].begin, mine[b].size()), shard_grad_[grad_shard_of_[b]]);
   } else if (owner_of_replicated) {
     for (size_t i = 0; i < dense_.size(); ++i)
       if (copy_.empty() || !copy_[i])
-        fn(flat_.narrow(0, offset_[i], dense_[i].numel()), grad_.narrow(0, offset_[i], dense_[i].numel()), false);
+        owned(offset_[i], flat_.narrow(0, offset_[i], dense_[i].numel()), grad_.narrow(0, offset_[i], dense_[i].numel()));
   }
-  if (expert_flat_.defined()) fn(expert_flat_, expert_grad_, true);
+  if (expert_flat_.defined() && view_.tp_leader) fn(expert_flat_, expert_grad_, true);
 }
 
 double StageParams::grad_square_sum(bool owner_of_replicated) const {

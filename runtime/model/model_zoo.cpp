@@ -22,6 +22,11 @@ json param(const std::string& name, std::vector<int64_t> shape) {
   for (int64_t d : shape) n *= d;
   return json{{"name", name}, {"shape", shape}, {"dtype", "float32"}, {"bytes", n * 4}};
 }
+// A parameter tensor parallelism cuts along `dim` (in `blocks` equal blocks: 3 for fused q, k, v).
+json sharded(json p, int64_t dim, int64_t blocks = 1) {
+  p["shard"] = {{"dim", dim}, {"blocks", blocks}};
+  return p;
+}
 json act(std::vector<int64_t> shape, const char* dtype = "float32") { return json{{"shape", shape}, {"dtype", dtype}}; }
 int64_t linear_flops(int64_t t, int64_t in, int64_t out) { return 2 * t * in * out; }
 
@@ -48,14 +53,18 @@ std::string manifest_json(const ModelConfig& c) {
     std::string p = fmt::format("layers.{}", i), mod = fmt::format("layers_{}", i);
     regions.push_back({{"name", p}, {"kind", "block"}, {"module", mod}, {"input", act({c.seq, d})}, {"output", act({c.seq, d})}});
     regions.push_back({{"name", p + ".attn"}, {"kind", "attention"}, {"module", mod + ".attn"},
-                       {"params", {param("ln_1_weight", {d}), param("ln_1_bias", {d}), param("c_attn_weight", {3 * d, d}),
-                                   param("c_attn_bias", {3 * d}), param("c_proj_weight", {d, d}), param("c_proj_bias", {d})}},
+                       {"params", {param("ln_1_weight", {d}), param("ln_1_bias", {d}), sharded(param("c_attn_weight", {3 * d, d}), 0, 3),
+                                   sharded(param("c_attn_bias", {3 * d}), 0, 3), sharded(param("c_proj_weight", {d, d}), 1),
+                                   param("c_proj_bias", {d})}},
+                       {"tp", {{"dim", "heads"}, {"count", c.heads}}},
                        {"input", act({c.seq, d})}, {"output", act({c.seq, d})},
                        {"flops", linear_flops(t, d, 3 * d) + linear_flops(t, d, d) + 4 * t * t * d}});
     if (c.arch == "gpt") {
       regions.push_back({{"name", p + ".mlp"}, {"kind", "mlp"}, {"module", mod + ".mlp"},
-                         {"params", {param("ln_2_weight", {d}), param("ln_2_bias", {d}), param("c_fc_weight", {c.ffn, d}),
-                                     param("c_fc_bias", {c.ffn}), param("c_proj_weight", {d, c.ffn}), param("c_proj_bias", {d})}},
+                         {"params", {param("ln_2_weight", {d}), param("ln_2_bias", {d}), sharded(param("c_fc_weight", {c.ffn, d}), 0),
+                                     sharded(param("c_fc_bias", {c.ffn}), 0), sharded(param("c_proj_weight", {d, c.ffn}), 1),
+                                     param("c_proj_bias", {d})}},
+                         {"tp", {{"dim", "hidden"}, {"count", c.ffn}}},
                          {"input", act({c.seq, d})}, {"output", act({c.seq, d})},
                          {"flops", linear_flops(t, d, c.ffn) + linear_flops(t, c.ffn, d)}});
     } else {
@@ -114,28 +123,52 @@ void add_params(Module& m, const std::vector<std::pair<std::string, torch::Tenso
   for (const auto& [name, t] : params) m.register_parameter(name, t.detach().requires_grad_(true), false);
 }
 
+// The tensor-parallel contract (docs/models.md): a replicated entry (the norm), a part that runs on
+// this rank's heads alone and returns its partial projection (no bias), and the exit that adds the
+// reduced partials, the bias and the residual. Head counts come from the weights' shapes, so the
+// same code runs on a rank's slice. `forward` computes the same with the bias fused into the
+// projection, as before the contract existed (bf16 rounds each op: one op fewer keeps its numbers).
 const char* kAttention = R"(
-def forward(self, x):
-    B = x.size(0)
-    T = x.size(1)
-    C = x.size(2)
-    h = torch.layer_norm(x, [C], self.ln_1_weight, self.ln_1_bias, 1e-5)
+def tp_enter(self, x):
+    return torch.layer_norm(x, [x.size(2)], self.ln_1_weight, self.ln_1_bias, 1e-5)
+
+def heads(self, h):
+    B = h.size(0)
+    T = h.size(1)
+    C = self.c_attn_weight.size(0) // 3
     qkv = torch.linear(h, self.c_attn_weight, self.c_attn_bias)
     q, k, v = qkv.split(C, 2)
-    hd = C // self.n_head
-    q = q.view(B, T, self.n_head, hd).transpose(1, 2)
-    k = k.view(B, T, self.n_head, hd).transpose(1, 2)
-    v = v.view(B, T, self.n_head, hd).transpose(1, 2)
+    hd = self.head_dim
+    q = q.view(B, T, -1, hd).transpose(1, 2)
+    k = k.view(B, T, -1, hd).transpose(1, 2)
+    v = v.view(B, T, -1, hd).transpose(1, 2)
     att = torch.matmul(q, k.transpose(-2, -1)) * self.scale
-    causal = torch.tril(torch.ones(T, T, device=x.device)) == 0
+    causal = torch.tril(torch.ones(T, T, device=h.device)) == 0
     att = torch.softmax(att.masked_fill(causal, -1e30), -1)
-    y = torch.matmul(att, v).transpose(1, 2).contiguous().view(B, T, C)
-    return x + torch.linear(y, self.c_proj_weight, self.c_proj_bias)
+    return torch.matmul(att, v).transpose(1, 2).contiguous().view(B, T, C)
+
+def tp_partial(self, h):
+    return torch.linear(self.heads(h), self.c_proj_weight)
+
+def tp_exit(self, x, s):
+    return x + (s + self.c_proj_bias)
+
+def forward(self, x):
+    return x + torch.linear(self.heads(self.tp_enter(x)), self.c_proj_weight, self.c_proj_bias)
 )";
 
 const char* kMlp = R"(
+def tp_enter(self, x):
+    return torch.layer_norm(x, [x.size(2)], self.ln_2_weight, self.ln_2_bias, 1e-5)
+
+def tp_partial(self, h):
+    return torch.linear(torch.gelu(torch.linear(h, self.c_fc_weight, self.c_fc_bias)), self.c_proj_weight)
+
+def tp_exit(self, x, s):
+    return x + (s + self.c_proj_bias)
+
 def forward(self, x):
-    h = torch.layer_norm(x, [x.size(2)], self.ln_2_weight, self.ln_2_bias, 1e-5)
+    h = self.tp_enter(x)
     return x + torch.linear(torch.gelu(torch.linear(h, self.c_fc_weight, self.c_fc_bias)), self.c_proj_weight, self.c_proj_bias)
 )";
 
@@ -191,7 +224,7 @@ Module build(const ModelConfig& c) {
     add_params(attn, {{"ln_1_weight", torch::ones({d})}, {"ln_1_bias", torch::zeros({d})},
                       {"c_attn_weight", normal({3 * d, d}, 0.02)}, {"c_attn_bias", torch::zeros({3 * d})},
                       {"c_proj_weight", normal({d, d}, resid)}, {"c_proj_bias", torch::zeros({d})}});
-    attn.register_attribute("n_head", c10::IntType::get(), c10::IValue(c.heads));
+    attn.register_attribute("head_dim", c10::IntType::get(), c10::IValue(d / c.heads));
     attn.register_attribute("scale", c10::FloatType::get(), c10::IValue(1.0 / std::sqrt(double(d / c.heads))));
     attn.define(kAttention);
     block.register_module("attn", attn);

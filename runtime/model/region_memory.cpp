@@ -11,6 +11,7 @@
 #include "runtime/device/memory_counter.h"
 #include "runtime/model/region_model.h"
 #include "runtime/model/region_model_impl.h"
+#include "runtime/model/tensor_slice.h"
 
 namespace piper::runtime {
 
@@ -104,7 +105,22 @@ std::string signature(const json& manifest, const json& r) {
   return sig;
 }
 
-std::map<std::string, json> measure(RegionModel& model, json& j, torch::ScalarType dtype) {
+// A tensor-parallel region as one rank of `ways` holds it: its sliced parameters replaced by slice 0.
+torch::jit::Module sliced(const torch::jit::Module& region, const json& r, int64_t ways) {
+  torch::jit::Module m = region.clone();
+  for (const auto& p : r.value("params", json::array())) {
+    if (!p.contains("shard")) continue;
+    ParamSpec spec;
+    spec.shard_dim = p["shard"]["dim"].get<int32_t>();
+    spec.shard_blocks = p["shard"].value("blocks", int64_t{1});
+    const std::string name = p["name"].get<std::string>();
+    m.setattr(name, tensor_slice(m.attr(name).toTensor(), spec, ways, 0));
+  }
+  return m;
+}
+
+// `tp_ways` > 1: only regions with a tp layout, each on its slice (what one rank of them holds).
+std::map<std::string, json> measure(RegionModel& model, json& j, torch::ScalarType dtype, int64_t tp_ways = 1) {
   install_memory_counter();
   const int saved_rank = memory_rank();
   const int threads = torch::get_num_threads();
@@ -118,13 +134,14 @@ std::map<std::string, json> measure(RegionModel& model, json& j, torch::ScalarTy
     if (!r.contains("input") || !r.contains("name")) continue;
     const std::string name = r["name"].get<std::string>();
     const std::string sig = signature(j, r);
-    if (facts.count(sig)) continue;
+    if (facts.count(sig) || (tp_ways > 1 && !r.contains("tp"))) continue;
     torch::jit::Module m;
     try {
       m = model.impl().region(name);
     } catch (const std::exception&) {
       continue;  // a region without a module of its own (a group) is not run alone
     }
+    if (tp_ways > 1) m = sliced(m, r, tp_ways);
     if (dtype != torch::kFloat) m.to(dtype);
     for (auto p : m.parameters()) {  // as in the executor: gradients exist before the backward
       p.set_requires_grad(true);
@@ -161,14 +178,17 @@ json fill_memory(json j, const std::map<std::string, json>& facts, const char* f
   return j;
 }
 
-// Both precisions, each on a model loaded afresh (measuring bf16 converts the modules).
+// Both precisions, each on a model loaded afresh (measuring bf16 converts the modules), and the
+// tensor-parallel regions on a slice of two.
 json measure_both(const std::string& probe, json target) {
   for (auto [dtype, field] : {std::pair{torch::kFloat, "memory"}, std::pair{torch::kBFloat16, "memory_bf16"}}) {
     RegionModel model(probe);
     json p = json::parse(model.manifest_json());
     target = fill_memory(std::move(target), measure(model, p, dtype), field);
   }
-  return target;
+  RegionModel model(probe);
+  json p = json::parse(model.manifest_json());
+  return fill_memory(std::move(target), measure(model, p, torch::kFloat, 2), "memory_tp2");
 }
 }  // namespace
 

@@ -19,6 +19,13 @@ struct RegionCheck {
 // per thread: call this on every thread that runs regions.
 void plain_interpreter();
 
+// One region with a tensor-parallel layout run as slices and summed, against the region whole.
+struct TensorCheck {
+  std::string region;
+  double max_output_diff = 0, max_grad_diff = 0;
+  std::string error;  // the region does not run on a slice: what broke (TorchScript names the line)
+};
+
 class RegionModel {
  public:
   // Loads MODEL (throws std::runtime_error naming the file and the problem).
@@ -31,6 +38,10 @@ class RegionModel {
   // Runs the whole model and the regions chained on the same random batch and compares outputs and
   // gradients (cross-entropy on next tokens).
   RegionCheck check_regions(int64_t batch, uint64_t seed);
+  // Every region with a `tp` layout: its `ways` slices by the tensor-parallel contract (docs/models.md)
+  // summed, against the region whole — the output and the gradients of its input and parameters
+  // (a slice's gradient against that slice of the whole's).
+  std::vector<TensorCheck> check_tensor_parallel(int64_t ways, int64_t batch, uint64_t seed);
 
   struct Impl;  // runtime/region_model_impl.h
   Impl& impl() { return *impl_; }

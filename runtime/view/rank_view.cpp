@@ -32,6 +32,13 @@ std::vector<int64_t> split(const ir::Range& r, int64_t ways) {
   for (int64_t j = 0; j <= ways; ++j) out.push_back(ir::Replication::shard_begin(r, ways, j));
   return out;
 }
+// Tensor parallelism: the stage's group along its model axis, and who speaks for it.
+void tensor_group(const Mesh& mesh, int rank, RankView& v, StageView& sv) {
+  sv.tp_leader = v.tp_leader;
+  if (sv.facts->tp.axis < 0 || sv.facts->tp.ways <= 1) return;
+  for (int32_t r : mesh.group_along(rank, sv.facts->tp.axis)) sv.tp_group.push_back(r);
+  v.groups.insert({sv.tp_group, tensor_channel(sv.stage)});
+}
 }  // namespace
 
 RankView make_rank_view(const sched::Plan& p, int rank, int world, int max_tag) {
@@ -50,6 +57,7 @@ RankView make_rank_view(const sched::Plan& p, int rank, int world, int max_tag) 
   v.samples_per_microbatch = f.samples_per_microbatch;
   v.microbatches = f.microbatches;
   v.last_stage = static_cast<int32_t>(f.stages.size()) - 1;
+  for (size_t a = 0; a < f.mesh.axes().size(); ++a) v.tp_leader &= !(f.mesh.axes()[a].model && f.mesh.coord(rank, int(a)) != 0);
 
   // The stages this rank holds: those with a chunk in its class.
   for (size_t n = 0; n < g.nodes.size(); ++n) {
@@ -89,6 +97,7 @@ RankView make_rank_view(const sched::Plan& p, int rank, int world, int max_tag) 
       v.groups.insert({ex.group, kExpertChannel});
       sv.experts[e.segment] = std::move(ex);
     }
+    tensor_group(f.mesh, rank, v, sv);
     v.stages.emplace(x.stage, std::move(sv));
   }
   for (const ir::TieFacts& t : f.ties) {

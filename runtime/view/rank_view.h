@@ -14,7 +14,10 @@ namespace piper::runtime {
 
 // Communicator channels: independent sequences of collectives on one group (see communicator.h).
 enum Channel : int { kReplicaChannel = 1, kRuntimeChannel = 2, kHashChannel = 3, kExpertChannel = 4, kTieChannel = 5,
-               kNormChannel = 6 };
+               kNormChannel = 6, kTensorChannel = 7 };
+// Tensor parallelism sums partials from inside the pieces of each stage in that stage's program
+// order; a channel per stage keeps two stages of a rank (a V's chunks) apart.
+inline int tensor_channel(int32_t stage) { return kTensorChannel + 16 * (stage + 1); }
 
 struct StageView {
   int32_t stage = -1;
@@ -40,6 +43,10 @@ struct StageView {
     std::vector<int> group;      // the ranks that share this rank's coordinates but on the shard axis
   };
   std::map<int32_t, Experts> experts;  // by segment
+  // Tensor parallelism: the ranks that hold the other slices of this stage's sharded regions (this
+  // rank included, in axis order); empty when the stage has none.
+  std::vector<int> tp_group;
+  bool tp_leader = true;  // RankView::tp_leader
 };
 
 struct RankView {
@@ -47,6 +54,9 @@ struct RankView {
   int32_t cls = -1;          // schedule class
   size_t position = 0;       // index in the class's ranks; pairs with the same index of a peer class
   int64_t replica = 0, replicas = 1;
+  // Coordinate 0 on every model (tensor-parallel) axis: the rank of its group that counts the loss,
+  // the replicated parameters and the experts once (its peers hold the same values).
+  bool tp_leader = true;
   int64_t samples_per_microbatch = 1, microbatches = 1;
   int32_t last_stage = 0;
   std::map<int32_t, StageView> stages;  // the stages this rank holds

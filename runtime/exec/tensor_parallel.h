@@ -1,0 +1,29 @@
+// Tensor parallelism inside a piece: a sharded region's slice of its parameters, and the region run
+// by the tensor-parallel contract with Megatron's f and g around its sharded part.
+// Runtime-internal (LibTorch inside).
+#pragma once
+#include <torch/script.h>
+
+#include <vector>
+
+#include "lang/manifest.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/model/tensor_slice.h"
+
+namespace piper::runtime {
+
+// The ranks that hold a stage's slices and how they sum partials. `drop`: the sums are skipped
+// (PIPER_TEST_DROP_COLLECTIVE=tensor, the equivalence test's negative control).
+struct TensorGroup {
+  Communicator* comm = nullptr;
+  std::vector<int> group;
+  int channel = 0;
+  bool drop = false;
+};
+
+// The region by the contract (docs/models.md): h = tp_enter(x) replicated; f(h) (identity forward,
+// all-reduce of its gradient backward); p = tp_partial(h) on this rank's slice; g(p) (all-reduce
+// forward, identity backward); tp_exit(x, g(p)).
+torch::Tensor run_sharded(const torch::jit::Module& region, const torch::Tensor& x, const TensorGroup& g);
+
+}  // namespace piper::runtime

@@ -1,0 +1,18 @@
+#include "runtime/model/tensor_slice.h"
+
+#include <torch/torch.h>
+
+namespace piper::runtime {
+
+torch::Tensor tensor_slice(const torch::Tensor& whole, const ParamSpec& spec, int64_t ways, int64_t coord) {
+  torch::NoGradGuard no_grad;
+  const int64_t dim = spec.shard_dim;
+  std::vector<torch::Tensor> parts;
+  for (const torch::Tensor& block : whole.chunk(spec.shard_blocks, dim)) {
+    const int64_t per = block.size(dim) / ways;
+    parts.push_back(block.narrow(dim, coord * per, per));
+  }
+  return torch::cat(parts, dim).contiguous().clone();
+}
+
+}  // namespace piper::runtime
