@@ -154,6 +154,24 @@ struct StageFacts {
   StageStorage storage;           // what each replica member holds (the storage pass)
 };
 
+// Where the ranks run: which host each is on (the launcher's placement, learned from MPI; or
+// piper-check --hosts), and so which groups and handoffs go between hosts, on the slower network.
+// Made by the hosts pass; the cost model prices a node on the tier it spans, reports name them.
+struct HostFacts {
+  std::vector<int32_t> host_of;       // per rank; empty: every rank on one host
+  int32_t count = 1;                  // hosts
+  std::vector<uint8_t> axis_crosses;  // per mesh axis: some group along it spans hosts
+  std::vector<uint8_t> next_crosses;  // per stage s: some rank's handoff to stage s + 1 goes between hosts
+  bool any() const { return count > 1; }
+  int32_t host(int64_t rank) const { return host_of.empty() ? 0 : host_of.at(static_cast<size_t>(rank)); }
+  bool axis(int32_t a) const { return a >= 0 && static_cast<size_t>(a) < axis_crosses.size() && axis_crosses[static_cast<size_t>(a)]; }
+  // A pipeline handoff from `stage`: forward to stage + 1, backward to stage - 1.
+  bool handoff(int32_t stage, bool backward) const {
+    const int32_t s = backward ? stage - 1 : stage;
+    return s >= 0 && static_cast<size_t>(s) < next_crosses.size() && next_crosses[static_cast<size_t>(s)];
+  }
+};
+
 // Facts about the whole plan that every reader needs.
 struct PlanFacts {
   Mesh mesh;
@@ -163,6 +181,7 @@ struct PlanFacts {
   std::vector<StageFacts> stages;
   std::vector<TieFacts> ties;  // ties held by more than one stage
   std::vector<SourceLoc> overlap_locs;  // per overlap group: the order that asked for it (diagnostics)
+  HostFacts hosts;
 };
 
 }  // namespace piper::ir

@@ -16,7 +16,8 @@ struct Pass {
   bool p2p_invariant;  // after it, data edges between chunks never cross ranks (false only between place and p2p)
 };
 
-// The order matters: cut decides the stages build lays out; split copies what build made; place
+// The order matters: hosts needs only the mesh and the stages' coordinates, and comes first so
+// that every later reader (the cost model, reports) finds it; cut decides the stages build lays out; split copies what build made; place
 // needs every chunk to exist; p2p needs ranks; replicate and shard rewire edges that p2p may already
 // have split; tie follows replicate, whose reductions it waits for; norm follows tie and shard, as
 // it waits for everything the updates wait for; storage lays out what replication decided (it adds
@@ -24,6 +25,8 @@ struct Pass {
 // all communication to find cycles through it); recompute only marks forwards, so it can come last.
 const std::vector<Pass>& passes() {
   static const std::vector<Pass> table = {
+      {{"hosts", "which host each rank runs on; which mesh axes and pipeline handoffs go between hosts"},
+       hosts_pass, true},
       {{"cut", "stages of balanced placements cut again by measured region costs, when every region has one"},
        cut_pass, true},
       {{"build", "single-device DAG: per stage F and B chunks (cut into pieces) and an update; stage facts"},

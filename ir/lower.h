@@ -34,6 +34,9 @@ struct LowerOptions {
   // Gradients clipped by their global norm (piper-run --clip-grad-norm): the norm pass adds its
   // all-reduce between the last gradient and the first update.
   bool global_norm = false;
+  // The host of each rank (HostFacts::host_of): from the launcher at run time, piper-check --hosts,
+  // or the machine file's ranks per host. Empty: one host. Its size must be the mesh's world.
+  std::vector<int32_t> host_of;
 };
 
 // Returns nothing when the strategy cannot be lowered (a diagnostic says why, e.g. an order cycle).

@@ -469,3 +469,30 @@ TEST_CASE("tensor parallelism composes: ZeRO shards the slices over dp, the pipe
   // The tp ranks of a stage sit next to each other (mesh pp, dp, tp): rank 0's tp peer is rank 1.
   CHECK(g.facts.mesh.group_along(0, g.facts.mesh.index("tp")) == std::vector<int32_t>{0, 1});
 }
+
+TEST_CASE("hosts: which mesh axes and which pipeline handoffs go between hosts") {
+  Front f;
+  auto s = f.check("use \"1f1b_dp.piper\";\n", CommandLine{.sets = {"pp=4", "dp=2", "mb=4"}});
+  REQUIRE_MESSAGE(s, f.errors());
+  LowerOptions opt;
+  opt.verify_each = true;
+  opt.host_of = {0, 0, 0, 0, 1, 1, 1, 1};  // mesh pp = 4, dp = 2: stages 0-1 on host 0, 2-3 on host 1
+  auto g = lower(*s, f.manifest, f.diags, opt);
+  REQUIRE_MESSAGE(g, f.errors());
+  const HostFacts& h = g->facts.hosts;
+  CHECK(h.count == 2);
+  CHECK(h.axis_crosses == std::vector<uint8_t>{1, 0});
+  CHECK(h.next_crosses == std::vector<uint8_t>{0, 1, 0});  // only stage 1 -> 2 leaves its host
+  CHECK(h.handoff(1, false));
+  CHECK(h.handoff(2, true));
+  CHECK_FALSE(h.handoff(2, false));
+  const std::string report = emit_hosts(*g, {"a", "b"});
+  CHECK(report.find("2 (a: ranks 0-3; b: ranks 4-7)") != std::string::npos);
+  CHECK(report.find("axes inside a host: dp; across hosts: pp") != std::string::npos);
+  // One host: no facts, no report.
+  opt.host_of.clear();
+  auto one = lower(*s, f.manifest, f.diags, opt);
+  REQUIRE(one);
+  CHECK_FALSE(one->facts.hosts.any());
+  CHECK(emit_hosts(*one).empty());
+}

@@ -25,6 +25,7 @@ struct LowerContext {
 };
 
 // The passes, in the order ir::lower runs them (lower.cpp says why that order).
+void hosts_pass(LowerContext& c);
 void cut_pass(LowerContext& c);
 void build_pass(LowerContext& c);
 void split_pass(LowerContext& c);

@@ -1,0 +1,49 @@
+// piper-check's and piper-run's account of the plan's hosts: what stays inside one, what crosses.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ir/emit.h"
+
+namespace piper::ir {
+
+namespace {
+
+std::string mib(int64_t bytes) { return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / (1 << 20)); }
+
+// Whether a communication node goes between hosts: a handoff by its stages, a collective by its axis.
+bool crosses(const Graph& g, const Node& n) {
+  const HostFacts& h = g.facts.hosts;
+  if (n.op == Op::Send) return h.handoff(n.stage, n.flags & kBackward);
+  return h.axis(n.axis);
+}
+
+}  // namespace
+
+std::string emit_hosts(const Graph& g, const std::vector<std::string>& names) {
+  const HostFacts& h = g.facts.hosts;
+  if (!h.any()) return "";
+  std::vector<std::vector<int32_t>> ranks(static_cast<size_t>(h.count));
+  for (size_t r = 0; r < h.host_of.size(); ++r) ranks[static_cast<size_t>(h.host_of[r])].push_back(static_cast<int32_t>(r));
+  std::vector<std::string> where, inside, across;
+  for (size_t x = 0; x < ranks.size(); ++x)
+    where.push_back(fmt::format("{}: ranks {}", x < names.size() ? names[x] : fmt::format("host {}", x), rank_list(ranks[x])));
+  const auto& axes = g.facts.mesh.axes();
+  for (size_t a = 0; a < axes.size(); ++a) (h.axis(static_cast<int32_t>(a)) ? across : inside).push_back(axes[a].name);
+  // Per step, over every rank that runs each node (a node stands for all the ranks of its group).
+  int64_t sends[2] = {0, 0}, send_bytes[2] = {0, 0}, colls[2] = {0, 0}, coll_bytes[2] = {0, 0};
+  for (const Node& n : g.nodes) {
+    if (is_chunk(n.op) || n.op == Op::Recv) continue;
+    const int k = crosses(g, n) ? 1 : 0;
+    const auto members = static_cast<int64_t>(g.ranks(n.ranks).size());
+    (n.op == Op::Send ? sends : colls)[k] += members;
+    (n.op == Op::Send ? send_bytes : coll_bytes)[k] += members * n.bytes;
+  }
+  auto none = [](const std::vector<std::string>& v) { return v.empty() ? std::string("(none)") : fmt::format("{}", fmt::join(v, ", ")); };
+  std::string out = fmt::format("  hosts      {} ({})\n", h.count, fmt::join(where, "; "));
+  out += fmt::format("             axes inside a host: {}; across hosts: {}\n", none(inside), none(across));
+  out += fmt::format("             per step across hosts: {} sends ({}), {} collective calls ({}); inside: {} sends, {} collective calls\n",
+                     sends[1], mib(send_bytes[1]), colls[1], mib(coll_bytes[1]), sends[0], colls[0]);
+  return out;
+}
+
+}  // namespace piper::ir
