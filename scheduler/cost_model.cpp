@@ -73,6 +73,16 @@ std::optional<Machine> parse_machine(FileId file, const SourceManager& sources, 
     if (!link(j["collectives"], l)) return fail("\"collectives\": expected {\"bandwidth\": bytes/s, \"latency\": s}");
     m.collectives = l;
   }
+  if (j.contains("network")) {
+    Link l;
+    if (!link(j["network"], l)) return fail("\"network\": the link between hosts, {\"bandwidth\": bytes/s per rank, \"latency\": s}");
+    m.network = l;
+  }
+  if (j.contains("ranks_per_host")) {
+    if (!j["ranks_per_host"].is_number_integer() || j["ranks_per_host"].get<int64_t>() < 1)
+      return fail("\"ranks_per_host\" must be a positive integer");
+    m.ranks_per_host = j["ranks_per_host"].get<int64_t>();
+  }
   if (j.contains("calibration")) {
     const json& c = j["calibration"];
     auto factor = [&](const char* k, double& out) { return !c.contains(k) || (number(c, k, out, true) && out > 0); };
@@ -190,12 +200,20 @@ double CostModel::tp_comm(const ir::Graph& g, const ir::Node& n) const {
   const ir::Segment& seg = g.segment_of(n);
   const ir::TensorParallel& tp = g.stage(n.stage).tp;
   if (seg.tp_regions.empty() || tp.ways <= 1) return 0;
-  const Machine& m = *machine_;
-  const std::string axis = tp.axis >= 0 && static_cast<size_t>(tp.axis) < axes_.size() ? axes_[static_cast<size_t>(tp.axis)] : "";
-  const Link& l = m.axes.count(axis) ? m.axes.at(axis) : m.collectives ? *m.collectives : m.default_link;
+  const Link& l = link_for(g.axis_name(tp.axis), g.facts.hosts.axis(tp.axis), true);
   const double k = static_cast<double>(tp.ways), calls = static_cast<double>(seg.tp_regions.size());
   const double b = static_cast<double>(seg.tp_reduce_bytes) * static_cast<double>(samples_);
   return calls * 2 * (k - 1) * l.latency + 2 * (k - 1) / k * b / l.bandwidth;
+}
+
+// A link the machine file names for the axis wins (it says what that axis runs on); otherwise the
+// network between hosts, then collectives' own fitted link, then the link inside a host.
+const Link& CostModel::link_for(const std::string& axis, bool crosses, bool collective) const {
+  const Machine& m = *machine_;
+  if (auto it = m.axes.find(axis); it != m.axes.end()) return it->second;
+  if (crosses && m.network) return *m.network;
+  if (collective && m.collectives) return *m.collectives;
+  return m.default_link;
 }
 
 bool CostModel::measured(const ir::Graph& g) const {
@@ -239,12 +257,9 @@ double CostModel::cost(const ir::Graph& g, const ir::Node& n, int64_t group_size
     default: break;
   }
   const bool collective = n.op != Op::Send && n.op != Op::Broadcast;
-  const Link& l = collective && m.collectives && !(n.axis >= 0 && static_cast<size_t>(n.axis) < axes_.size() &&
-                                                   m.axes.count(axes_[static_cast<size_t>(n.axis)]))
-                      ? *m.collectives
-                  : n.axis >= 0 && static_cast<size_t>(n.axis) < axes_.size() && m.axes.count(axes_[static_cast<size_t>(n.axis)])
-                      ? m.axes.at(axes_[static_cast<size_t>(n.axis)])
-                      : m.default_link;
+  const ir::HostFacts& hosts = g.facts.hosts;
+  const bool crosses = n.op == Op::Send ? hosts.handoff(n.stage, n.flags & ir::kBackward) : hosts.axis(n.axis);
+  const Link& l = link_for(g.axis_name(n.axis), crosses, collective);
   const double b = static_cast<double>(n.bytes), k = static_cast<double>(std::max<int64_t>(group_size, 1));
   const double issued = m.calibration.collective;  // measured inside a step, beyond the formula
   switch (n.op) {

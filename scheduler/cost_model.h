@@ -32,8 +32,13 @@ struct Machine {
   double flops = 0;             // sustained FLOP/s per device for the model's precision
   double memory_bytes = 0;      // device memory
   double memory_bandwidth = 0;  // bytes/s, for the optimizer update
-  Link default_link;
+  Link default_link;                 // inside a host
   std::map<std::string, Link> axes;  // per mesh axis, e.g. pp across nodes, dp inside a node
+  // Between hosts (per rank: a host's network bandwidth over the ranks that use it at once), for a
+  // send or collective the plan's hosts say goes between them (ir::HostFacts). `ranks_per_host`:
+  // how piper-check places a world on hosts when --hosts does not say (0: one host).
+  std::optional<Link> network;
+  int64_t ranks_per_host = 0;
   // Measured on this machine (`piper-run --profile`), preferred where present: chunk times per
   // region by name (the model's; a region not listed falls back to FLOPs), the optimizer step per
   // parameter byte, and collectives' own link (a link fitted to the all-reduce, not to point-to-point).
@@ -90,6 +95,8 @@ class CostModel {
   std::optional<double> measured_chunk(const ir::Graph& g, const ir::Node& n) const;
   double tp_share(const ir::Graph& g, const ir::Node& n) const;
   double tp_comm(const ir::Graph& g, const ir::Node& n) const;
+  // The link a communication node runs on, along `axis`; `crosses`: its group or peer is on another host.
+  const Link& link_for(const std::string& axis, bool crosses, bool collective) const;
 };
 
 }  // namespace piper::sched

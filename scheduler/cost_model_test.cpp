@@ -155,3 +155,46 @@ TEST_CASE("a machine file's region times cut a balanced placement, and the plan 
   CHECK(last_stage(*measured) == 2);  // layer 7 and the head
   CHECK(measured->strategy.stages.back().regions == measured->dag.facts.stages.back().regions);
 }
+
+// Two tiers: what the plan's hosts say goes between hosts is priced on the machine's network, the
+// rest on the link inside a host. 1f1b_dp with pp=2 × dp=2 on 2 hosts of 2 ranks keeps dp inside
+// and sends pp across; the hosts come from --hosts (host_of) or the machine's ranks_per_host.
+TEST_CASE("two tiers: handoffs and collectives that cross hosts are priced on the network, the rest inside") {
+  const std::string net = R"(, "network": {"bandwidth": 1e6, "latency": 1e-3})";
+  auto plan = [&](Planner& f, const std::string& strategy, const std::string& extra, std::vector<int32_t> host_of) {
+    MachineFile file(profiled_machine(extra));
+    PlanOptions opt;
+    opt.cmd.sets = {"pp=2", "dp=2", "mb=2"};
+    opt.cmd.batch_size = 8;
+    opt.machine_path = file.path;
+    opt.host_of = std::move(host_of);
+    auto p = f.compile(strategy, opt);
+    REQUIRE_MESSAGE(p, f.errors());
+    return std::move(*p);
+  };
+  auto price = [](const Plan& p, ir::Op op) {
+    for (const ir::Node& n : p.dag.nodes)
+      if (n.op == op) return p.costs.cost(p.dag, n, 2);
+    FAIL("no such node");
+    return 0.0;
+  };
+  Planner a("gpt8"), b("gpt8"), c("gpt8"), d("gpt8");
+  const Plan one = plan(a, "use \"1f1b_dp.piper\";\n", net, {});
+  const Plan pp_across = plan(b, "use \"1f1b_dp.piper\";\n", net, {0, 0, 1, 1});
+  const Plan dp_across = plan(c, "use \"dp.piper\";\nuse \"1f1b.piper\";\n", net, {0, 0, 1, 1});
+  CHECK(pp_across.dag.facts.hosts.count == 2);
+  CHECK(pp_across.dag.facts.hosts.axis_crosses == std::vector<uint8_t>{1, 0});  // mesh pp, dp
+  CHECK(dp_across.dag.facts.hosts.axis_crosses == std::vector<uint8_t>{1, 0});  // mesh dp, pp
+  CHECK(dp_across.dag.axis_name(0) == "dp");
+  // The send's bytes over the network's 1 MB/s with its 1 ms, against the 1 GB/s link's 10 µs.
+  const double send_in = price(one, ir::Op::Send), send_out = price(pp_across, ir::Op::Send);
+  CHECK(send_in < 1e-4);
+  CHECK(send_out > 1e-3);
+  CHECK(price(dp_across, ir::Op::Send) == doctest::Approx(send_in));
+  CHECK(price(pp_across, ir::Op::AllReduce) == doctest::Approx(price(one, ir::Op::AllReduce)));
+  CHECK(price(dp_across, ir::Op::AllReduce) > 100 * price(one, ir::Op::AllReduce));
+  // The machine's ranks_per_host places the world when the hosts are not given.
+  const Plan by_machine = plan(d, "use \"1f1b_dp.piper\";\n", net + R"(, "ranks_per_host": 2)", {});
+  CHECK(by_machine.dag.facts.hosts.host_of == std::vector<int32_t>{0, 0, 1, 1});
+  CHECK(price(by_machine, ir::Op::Send) == doctest::Approx(send_out));
+}

@@ -117,6 +117,14 @@ PlanResult compile_checked(PlanResult r, const PlanOptions& o, const std::option
   lo.max_nodes = o.max_nodes;
   lo.global_norm = o.global_norm;
   lo.region_costs = region_costs(machine);
+  lo.host_of = o.host_of;
+  if (!lo.host_of.empty() && static_cast<int64_t>(lo.host_of.size()) != s.mesh.world()) {
+    diags.error(SourceLoc{}, fmt::format("the hosts hold {} ranks, but the mesh has {}", lo.host_of.size(), s.mesh.world()));
+    r.status = PlanStatus::Invalid;
+    return r;
+  }
+  if (lo.host_of.empty() && machine && machine->ranks_per_host > 0 && s.mesh.world() > machine->ranks_per_host)
+    lo.host_of = hosts_in_order(s.mesh.world(), machine->ranks_per_host);
   if (o.cmd.batch_size) lo.samples_per_microbatch = std::max<int64_t>(1, s.samples_per_microbatch(*o.cmd.batch_size));
   auto t = Clock::now();
   auto g = ir::lower(s, *r.manifest, diags, lo);
@@ -163,6 +171,12 @@ PlanResult compile_checked(PlanResult r, const PlanOptions& o, const std::option
 }
 
 }  // namespace
+
+std::vector<int32_t> hosts_in_order(int64_t world, int64_t per_host) {
+  std::vector<int32_t> out(static_cast<size_t>(std::max<int64_t>(world, 0)));
+  for (size_t r = 0; r < out.size(); ++r) out[r] = static_cast<int32_t>(static_cast<int64_t>(r) / std::max<int64_t>(per_host, 1));
+  return out;
+}
 
 PlanResult compile_plan(FileId strategy, const Manifest& manifest, const PlanOptions& options, SourceManager& sources,
                         DiagnosticEngine& diags) {

@@ -29,7 +29,13 @@ struct PlanOptions {
   bool global_norm = false;             // gradients clipped by their global norm (its all-reduce is in the plan)
   std::function<void(const char* pass, const ir::Graph&)> after_pass;  // --print-after
   size_t max_nodes = ir::kMaxDagNodes;  // a larger plan is refused (benchmarks lift it)
+  // The host of each rank (the launcher's, or piper-check --hosts); empty: the machine file's
+  // ranks_per_host fills hosts in rank order, or, without one, every rank is on one host.
+  std::vector<int32_t> host_of;
 };
+
+// Ranks 0..world-1 on hosts of `per_host` ranks each, in order (how mpirun fills a hostfile's slots).
+std::vector<int32_t> hosts_in_order(int64_t world, int64_t per_host);
 
 struct Plan {
   Manifest manifest;
