@@ -85,6 +85,15 @@ contains out "<svg" "svg header"
 expect 0 "--simulate with a machine" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --simulate --machine "$root/machines/h100.json" --memory-budget 80GiB
 contains out "step time" "simulation totals"
 contains out "budget" "budget column"
+# --hosts: which axes and how much of each step cross hosts; a world the hosts do not hold is refused.
+expect 0 "--hosts 2x4" -- "$check" "$gpt" "$root/strategies/1f1b_dp.piper" --np 8 --set pp=4 --set dp=2 --hosts 2x4
+contains out "hosts      2 (host 0: ranks 0-3; host 1: ranks 4-7)" "the hosts' ranks"
+contains out "axes inside a host: dp; across hosts: pp" "what crosses"
+contains out "per step across hosts: 32 sends" "the sends that cross"
+expect 1 "--hosts holding another world" -- "$check" "$gpt" "$root/strategies/1f1b_dp.piper" --np 8 --set pp=4 --set dp=2 --hosts 3x4
+contains err "the hosts hold 12 ranks, but the mesh has 8" "the mismatch"
+expect 2 "--hosts malformed" -- "$check" "$gpt" "$root/strategies/1f1b_dp.piper" --np 8 --hosts 2by4
+contains err "expected HOSTSxRANKS" "the usage error"
 # A machine format stays that format with --simulate: the simulation's text goes elsewhere (stdout
 # with -o, else stderr), never into the JSON.
 expect 0 "--simulate --emit sim-json -o" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --simulate --emit sim-json -o "$tmp/sim.json"

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <optional>
@@ -36,7 +37,8 @@ std::string report(const Checked& c) {
   size_t comm = std::count_if(c.dag.nodes.begin(), c.dag.nodes.end(), [](const ir::Node& n) { return !ir::is_chunk(n.op); });
   return strategy_report(c.strategy, c.manifest) +
          fmt::format("  dag        {} nodes ({} compute, {} communication), {} edges\n", c.dag.nodes.size(),
-                     c.dag.nodes.size() - comm, comm, c.dag.edges.size());
+                     c.dag.nodes.size() - comm, comm, c.dag.edges.size()) +
+         ir::emit_hosts(c.dag);
 }
 
 const std::vector<EmitMode>& emit_modes() {
@@ -69,8 +71,20 @@ struct CheckArgs {
   std::vector<std::string> sets, include_dirs;
   bool verify = false, list_emits = false, list_passes = false, verify_each = false, simulate = false, fit = false;
   bool global_norm = false;
-  std::string print_after, cost_spec, machine_path, budget_text;
+  std::string print_after, cost_spec, machine_path, budget_text, hosts;
 };
+
+// --hosts HOSTSxRANKS ("2x4": ranks 0-3 on the first host, 4-7 on the second), as mpirun fills a
+// hostfile's slots.
+std::optional<std::vector<int32_t>> parse_hosts(const std::string& text) {
+  int64_t hosts = 0, per = 0;
+  char x = 0;
+  int used = 0;
+  if (std::sscanf(text.c_str(), "%ld%c%ld%n", &hosts, &x, &per, &used) != 3 || static_cast<size_t>(used) != text.size() || x != 'x' ||
+      hosts < 1 || per < 1 || hosts * per > (1 << 24))
+    return std::nullopt;
+  return sched::hosts_in_order(hosts * per, per);
+}
 
 // The command line into `a`; an exit status when the run ends here (help, version, a usage error).
 std::optional<int> parse(int argc, char** argv, CheckArgs& a) {
@@ -97,6 +111,8 @@ std::optional<int> parse(int argc, char** argv, CheckArgs& a) {
   app.add_option("--cost", a.cost_spec, "unit costs instead of a machine: F=1,B=2,W=1,comm=0[,FB=..] (the default)");
   app.add_flag("--clip-grad-norm", a.global_norm,
                "plan for clipping by the global gradient norm, as piper-run --clip-grad-norm runs it (its all-reduce)");
+  app.add_option("--hosts", a.hosts, "HOSTSxRANKS: the ranks on hosts in order (2x4: ranks 0-3 on one, 4-7 on the next); "
+                 "the report says what crosses them, the simulation prices it on the machine file's network");
   app.add_option("--memory-budget", a.budget_text, "per-device memory budget for --simulate, e.g. 80GiB");
   app.add_flag("--fit", a.fit, "with --memory-budget: the largest microbatch (samples) whose plan fits the budget");
   app.add_flag("--verify-diagnostics", a.verify,
@@ -119,6 +135,10 @@ std::optional<int> parse(int argc, char** argv, CheckArgs& a) {
     fmt::print(stderr, "piper-check: error: unknown pass '{}' (see --list-passes)\n", a.print_after);
     return kUsage;
   }
+  if (!a.hosts.empty() && !parse_hosts(a.hosts)) {
+    fmt::print(stderr, "piper-check: error: --hosts '{}': expected HOSTSxRANKS, e.g. 2x4\n", a.hosts);
+    return kUsage;
+  }
   if (a.model.empty() || a.strategy.empty()) {
     std::cerr << app.help() << "\npiper-check: error: MODEL and STRATEGY are required\n";
     return kUsage;
@@ -134,6 +154,7 @@ sched::PlanOptions plan_options(const CheckArgs& a) {
   opt.cost_spec = a.cost_spec;
   opt.verify_each = a.verify_each;
   opt.global_norm = a.global_norm;
+  if (auto h = parse_hosts(a.hosts)) opt.host_of = *h;
   return opt;
 }
 
