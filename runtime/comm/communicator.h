@@ -12,6 +12,14 @@
 
 namespace piper::runtime {
 
+// Which host each rank runs on, as the launcher placed them: hosts numbered by their lowest rank,
+// each with its name.
+struct HostMap {
+  std::vector<int32_t> host_of;    // per rank
+  std::vector<std::string> names;  // per host
+  size_t count() const { return names.size(); }
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -49,6 +57,8 @@ class Communicator {
   // Declares a group before its first collective, so a backend can build its communicator up front
   // (every member declares its groups in the same sorted order, from one thread).
   virtual void prepare_group(const std::vector<int>& group, int channel) {}
+  // Where the ranks run (the MPI backend asks MPI which ranks share a node); one host by default.
+  virtual HostMap hosts() const { return HostMap{std::vector<int32_t>(static_cast<size_t>(size()), 0), {"localhost"}}; }
   // The largest message tag send/recv accept.
   virtual int max_tag() const { return std::numeric_limits<int>::max(); }
   // Ends the whole job (all ranks) after a fatal error on this one, at once: peers blocked in a

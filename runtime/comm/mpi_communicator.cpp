@@ -175,6 +175,7 @@ class MpiCommunicator : public Communicator {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     check(MPI_Comm_dup(MPI_COMM_WORLD, &p2p_), "Comm_dup");
     MPI_Comm_set_errhandler(p2p_, MPI_ERRORS_RETURN);
+    hosts_ = find_hosts();
   }
   ~MpiCommunicator() override {
     for (auto& [key, c] : groups_) MPI_Comm_free(&c);
@@ -182,6 +183,7 @@ class MpiCommunicator : public Communicator {
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  HostMap hosts() const override { return hosts_; }
   int max_tag() const override {
     void* value = nullptr;
     int found = 0;
@@ -291,6 +293,34 @@ class MpiCommunicator : public Communicator {
   }
 
  private:
+  // MPI's shared-memory split says which ranks share a node: each node's lowest rank names it, the
+  // nodes numbered in that order. Names from MPI_Get_processor_name (the host's name).
+  HostMap find_hosts() const {
+    MPI_Comm node;
+    check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "Comm_split_type");
+    int lowest = rank_;
+    check(MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, node), "Allreduce");
+    MPI_Comm_free(&node);
+    std::vector<int> leaders(static_cast<size_t>(size_));
+    check(MPI_Allgather(&lowest, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD), "Allgather");
+    std::vector<char> name(MPI_MAX_PROCESSOR_NAME, '\0'), names(static_cast<size_t>(size_) * MPI_MAX_PROCESSOR_NAME);
+    int len = 0;
+    MPI_Get_processor_name(name.data(), &len);
+    check(MPI_Allgather(name.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
+                        MPI_COMM_WORLD), "Allgather");
+    HostMap h;
+    std::map<int, int32_t> index;  // a node's lowest rank -> its host number
+    for (int r = 0; r < size_; ++r) {
+      const int leader = leaders[static_cast<size_t>(r)];
+      if (!index.count(leader)) {
+        index[leader] = static_cast<int32_t>(h.names.size());
+        h.names.emplace_back(&names[static_cast<size_t>(leader) * MPI_MAX_PROCESSOR_NAME]);
+      }
+      h.host_of.push_back(index[leader]);
+    }
+    return h;
+  }
+  HostMap hosts_;
   MPI_Comm comm(const std::vector<int>& group, int channel) {
     auto it = groups_.find({group, channel});
     if (it == groups_.end())

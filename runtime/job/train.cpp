@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "ir/emit.h"
 #include "lang/units.h"
 #include "runtime/exec/executor.h"
 #include "runtime/job/settings.h"
@@ -156,6 +157,8 @@ int train(const TrainOptions& o, Communicator& comm) {
   opt.global_norm = o.recipe.clip_grad_norm > 0;
   opt.cmd.search_path = o.include;
   for (auto& d : default_search_path()) opt.cmd.search_path.push_back(d);
+  const HostMap hosts = comm.hosts();  // from MPI: the plan prices and reports what crosses hosts
+  if (hosts.count() > 1) opt.host_of = hosts.host_of;
   std::string errors;
   auto plan = sched::compile_plan(o.model, o.strategy, opt, &errors);
   if (!plan) return fail(errors);
@@ -187,6 +190,7 @@ int train(const TrainOptions& o, Communicator& comm) {
   if (lead)
     fmt::print("piper-run: {} ranks, {} stages, {} microbatches of {} samples, {} threads per rank\n", comm.size(),
                plan->dag.facts.stages.size(), plan->dag.facts.microbatches, plan->samples_per_microbatch(), o.threads);
+  if (lead) fmt::print("{}", ir::emit_hosts(plan->dag, hosts.names));
   int64_t first = 0;
   if (!o.resume_dir.empty()) {
     std::string note, saved;
