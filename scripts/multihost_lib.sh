@@ -5,10 +5,13 @@
 # its daemon on each host through an rsh agent that enters the host's namespace (and a UTS namespace
 # with the host's name), so ranks on different hosts talk TCP and ranks on one host shared memory.
 #
-#   bed_up HOSTS [RATE DELAY]   # e.g. bed_up 2, or bed_up 2 1gbit 200us (tc on each host's link)
+#   bed_up HOSTS [RATE [DELAY]] # e.g. bed_up 2, or bed_up 2 1gbit (tc on each host's link)
 #   bed_mpirun ARGS...          # mpirun across the hosts (a hostfile of $bed_slots slots each),
 #                               # killed after $bed_timeout s (exit 124)
+#   bed_slow HOST PERCENT       # HOST's processes limited to PERCENT of one core (100: unlimited)
 #   bed_down                    # kill what runs inside, remove the namespaces (also on EXIT)
+# Each host gets its own share of the machine's cores (a cpuset cgroup: with 2 cores and 2 hosts, a
+# core each), as real hosts have their own; and a cpu cgroup, for bed_slow.
 # Requires root (ip netns), iproute2 and Open MPI.
 
 bed_prefix="pmh$$"             # namespace names: unique per bed, so two beds can run at once
@@ -46,9 +49,7 @@ bed_up() {
     ip -n "$ns" addr add "$bed_net.$((i + 1))/24" dev eth0
     ip -n "$ns" link set eth0 up
     ip -n "$ns" link set lo up
-    if [ -n "$rate" ]; then
-      tc -n "$ns" qdisc add dev eth0 root netem rate "$rate" delay "$delay" limit 100000 || return 1
-    fi
+    if [ -n "$rate" ]; then bed_shape "$ns" "$rate" "$delay" || return 1; fi
     echo "h$i slots=$bed_slots" >>"$bed_dir/hostfile"
     echo "h$i $ns" >>"$bed_dir/namespaces"
     # `ip netns exec` bind-mounts /etc/netns/NS/hosts over /etc/hosts: the hosts' names resolve
@@ -60,23 +61,61 @@ bed_up() {
     for ((j = 0; j < hosts; j++)); do echo "$bed_net.$((j + 1)) h$j"; done >"/etc/netns/$(bed_ns "$i")/hosts"
     echo "127.0.0.1 localhost" >>"/etc/netns/$(bed_ns "$i")/hosts"
   done
+  bed_cgroups
   # The rsh agent: `agent HOST COMMAND...` runs COMMAND (Open MPI's daemon) inside HOST's namespace
-  # under HOST's hostname. The environment passes through as it is (one machine, one file system).
+  # and cgroups under HOST's hostname. The environment passes through as it is (one machine, one
+  # file system).
   cat >"$bed_dir/agent" <<EOF
 #!/bin/sh
 host=\$1; shift
 ns=\$(awk -v h="\$host" '\$1 == h { print \$2 }' "$bed_dir/namespaces")
 [ -n "\$ns" ] || { echo "multihost agent: no host '\$host' in the bed" >&2; exit 1; }
+for g in /sys/fs/cgroup/cpuset/\$ns /sys/fs/cgroup/cpu/\$ns; do [ -d "\$g" ] && echo \$\$ >"\$g/tasks"; done
 exec ip netns exec "\$ns" unshare --uts sh -c 'hostname "\$0" && exec sh -c "\$*"' "\$host" "\$@"
 EOF
   chmod +x "$bed_dir/agent"
+}
+
+# Host i's cgroups (cgroup v1, where mounted): a cpuset of its share of the cores, and a cpu group
+# with no quota yet. Skipped (hosts share every core) where the machine has fewer cores than hosts.
+bed_cgroups() {
+  local cores i ns per
+  cores=$(nproc)
+  [ -d /sys/fs/cgroup/cpuset ] && [ -d /sys/fs/cgroup/cpu ] && ((cores >= bed_hosts)) || return 0
+  per=$((cores / bed_hosts))
+  for ((i = 0; i < bed_hosts; i++)); do
+    ns=$(bed_ns "$i")
+    mkdir -p "/sys/fs/cgroup/cpuset/$ns" "/sys/fs/cgroup/cpu/$ns" || return 1
+    echo "$((i * per))-$((i * per + per - 1))" >"/sys/fs/cgroup/cpuset/$ns/cpuset.cpus"
+    cat /sys/fs/cgroup/cpuset/cpuset.mems >"/sys/fs/cgroup/cpuset/$ns/cpuset.mems"
+  done
+}
+
+bed_slow() {
+  local g="/sys/fs/cgroup/cpu/$(bed_ns "${1#h}")" percent=$2
+  [ -d "$g" ] || { echo "multihost: no cpu cgroup for host $1" >&2; return 1; }
+  echo 100000 >"$g/cpu.cfs_period_us"
+  if ((percent >= 100)); then echo -1 >"$g/cpu.cfs_quota_us"; else echo $((percent * 1000)) >"$g/cpu.cfs_quota_us"; fi
+}
+
+# A host's outgoing link limited to RATE (a token bucket: tbf), delayed by DELAY where the kernel has
+# netem (this machine's does not: `tc` answers "Specified qdisc kind is unknown").
+bed_shape() {
+  local ns=$1 rate=$2 delay=${3:-}
+  if [ -n "$delay" ]; then
+    tc -n "$ns" qdisc add dev eth0 root netem rate "$rate" delay "$delay" limit 100000 && return 0
+    echo "multihost: cannot delay the link by $delay (no sch_netem in this kernel); rate only" >&2
+  fi
+  tc -n "$ns" qdisc add dev eth0 root tbf rate "$rate" burst 64kb latency 50ms
 }
 
 # mpirun on host 0 (inside its namespace and under its name) across every host of the bed.
 bed_mpirun() {
   local np=$((bed_hosts * bed_slots))
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout "$bed_timeout" \
-    ip netns exec "$(bed_ns 0)" unshare --uts sh -c 'hostname h0 && exec "$@"' sh \
+    ip netns exec "$(bed_ns 0)" unshare --uts sh -c \
+    'for g in /sys/fs/cgroup/cpuset/$0 /sys/fs/cgroup/cpu/$0; do [ -d "$g" ] && echo $$ >"$g/tasks"; done
+     hostname h0 && exec "$@"' "$(bed_ns 0)" \
     mpirun --hostfile "$bed_dir/hostfile" -np "$np" --map-by slot --bind-to none \
     --mca plm_rsh_agent "$bed_dir/agent" \
     --mca oob_tcp_if_include "$bed_net.0/24" --mca btl_tcp_if_include "$bed_net.0/24" \
@@ -89,9 +128,23 @@ bed_reap() {
   for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^pmh[0-9]+-/ { print $1 }'); do
     pid=${ns#pmh}; pid=${pid%%-*}
     kill -0 "$pid" 2>/dev/null && continue
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
-    ip netns del "$ns" 2>/dev/null
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
     rm -rf "/etc/netns/$ns"
+    bed_rm_cgroups "$ns"
+  done
+  for ns in $(ls /sys/fs/cgroup/cpu /sys/fs/cgroup/cpuset 2>/dev/null | grep -E '^pmh[0-9]+-h[0-9]+$' | sort -u); do
+    pid=${ns#pmh}; pid=${pid%%-*}
+    kill -0 "$pid" 2>/dev/null || bed_rm_cgroups "$ns"
+  done
+}
+
+# A cgroup can be removed once its processes are gone (they were just killed: wait for them to exit).
+bed_rm_cgroups() {
+  local g
+  for g in "/sys/fs/cgroup/cpuset/$1" "/sys/fs/cgroup/cpu/$1"; do
+    [ -d "$g" ] || continue
+    for _ in $(seq 1 50); do rmdir "$g" 2>/dev/null && break; xargs -r kill -9 <"$g/tasks" 2>/dev/null || true; sleep 0.1; done
   done
 }
 
@@ -100,11 +153,12 @@ bed_down() {
   [ -n "$bed_dir" ] || return 0
   local ns
   for ns in $(ip netns list 2>/dev/null | awk -v p="$bed_prefix-" 'index($1, p) == 1 { print $1 }'); do
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
-    ip netns del "$ns" 2>/dev/null
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
     rm -rf "/etc/netns/$ns"
+    bed_rm_cgroups "$ns"
   done
-  rmdir /etc/netns 2>/dev/null
+  rmdir /etc/netns 2>/dev/null || true
   rm -rf "$bed_dir"
   bed_dir=""
 }
