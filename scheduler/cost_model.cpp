@@ -78,6 +78,11 @@ std::optional<Machine> parse_machine(FileId file, const SourceManager& sources, 
     if (!link(j["network"], l)) return fail("\"network\": the link between hosts, {\"bandwidth\": bytes/s per rank, \"latency\": s}");
     m.network = l;
   }
+  if (j.contains("network_collectives")) {
+    Link l;
+    if (!link(j["network_collectives"], l)) return fail("\"network_collectives\": expected {\"bandwidth\": bytes/s per rank, \"latency\": s}");
+    m.network_collectives = l;
+  }
   if (j.contains("ranks_per_host")) {
     if (!j["ranks_per_host"].is_number_integer() || j["ranks_per_host"].get<int64_t>() < 1)
       return fail("\"ranks_per_host\" must be a positive integer");
@@ -207,10 +212,12 @@ double CostModel::tp_comm(const ir::Graph& g, const ir::Node& n) const {
 }
 
 // A link the machine file names for the axis wins (it says what that axis runs on); otherwise the
-// network between hosts, then collectives' own fitted link, then the link inside a host.
+// network between hosts (collectives' own where measured), then collectives' own fitted link inside
+// a host, then the link inside a host.
 const Link& CostModel::link_for(const std::string& axis, bool crosses, bool collective) const {
   const Machine& m = *machine_;
   if (auto it = m.axes.find(axis); it != m.axes.end()) return it->second;
+  if (crosses && collective && m.network_collectives) return *m.network_collectives;
   if (crosses && m.network) return *m.network;
   if (collective && m.collectives) return *m.collectives;
   return m.default_link;

@@ -38,6 +38,7 @@ struct Machine {
   // send or collective the plan's hosts say goes between them (ir::HostFacts). `ranks_per_host`:
   // how piper-check places a world on hosts when --hosts does not say (0: one host).
   std::optional<Link> network;
+  std::optional<Link> network_collectives;  // collectives' own link between hosts (fitted to a ring's all-reduce)
   int64_t ranks_per_host = 0;
   // Measured on this machine (`piper-run --profile`), preferred where present: chunk times per
   // region by name (the model's; a region not listed falls back to FLOPs), the optimizer step per

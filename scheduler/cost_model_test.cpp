@@ -197,4 +197,11 @@ TEST_CASE("two tiers: handoffs and collectives that cross hosts are priced on th
   const Plan by_machine = plan(d, "use \"1f1b_dp.piper\";\n", net + R"(, "ranks_per_host": 2)", {});
   CHECK(by_machine.dag.facts.hosts.host_of == std::vector<int32_t>{0, 0, 1, 1});
   CHECK(price(by_machine, ir::Op::Send) == doctest::Approx(send_out));
+  // Collectives' own link between hosts (as --profile fits it to a ring's all-reduce) prices the
+  // crossing all-reduce; sends across stay on the network's point-to-point figure.
+  Planner e("gpt8");
+  const Plan own = plan(e, "use \"dp.piper\";\nuse \"1f1b.piper\";\n",
+                        net + R"(, "network_collectives": {"bandwidth": 1e12, "latency": 0})", {0, 0, 1, 1});
+  CHECK(price(own, ir::Op::AllReduce) < price(dp_across, ir::Op::AllReduce) / 100);
+  CHECK(price(own, ir::Op::Send) == doctest::Approx(price(dp_across, ir::Op::Send)));
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "runtime/exec/chunk_runner.h"
@@ -169,6 +170,11 @@ struct Measured {
   int64_t small = 0, big = 0;   // the optimizer's two sizes (elements)
   std::vector<size_t> p2p_sizes{4 << 10, 256 << 10, 4 << 20}, ar_sizes{64 << 10, 1 << 20, 4 << 20};
   std::vector<double> wire;     // one-way point-to-point, then all-reduce, seconds per size (rank 0's)
+  std::vector<double> network;  // one-way between hosts per size, every pair at once (mean over pairs)
+  int64_t ranks_per_host = 0;   // when every host holds as many ranks (0: they differ, or one host)
+  int64_t ar_ranks = 0;         // the all-reduce's group size
+  std::vector<double> network_ar;  // all-reduce across hosts per size (rank 0's group, all groups at once)
+  int64_t across_ranks = 0;        // that group's size
 };
 
 // Every region at each microbatch size and the optimizer over flat buffers at two sizes, averaged over ranks.
@@ -218,19 +224,90 @@ void measure_wire(Communicator& comm, const ProfileOptions& o, Group& group, Mea
       }
       if (comm.rank() == 0) m.wire[i] = median(t);
     }
+    // Across hosts, the collectives' own link is the one inside a host: each host all-reduces among
+    // its ranks (all hosts at once); what crosses is measured by measure_network.
+    const HostMap hosts = comm.hosts();
+    std::vector<int> local;
+    for (int r = 0; r < comm.size(); ++r)
+      if (hosts.host_of[size_t(r)] == hosts.host_of[size_t(comm.rank())]) local.push_back(r);
+    if (local.size() < 2) local = group.everyone();  // one rank a host: only the crossing ring exists
+    comm.prepare_group(local, kChannel);
+    m.ar_ranks = int64_t(local.size());
     std::vector<float> data(m.ar_sizes.back() / sizeof(float), 1.0f);
     for (size_t i = 0; i < m.ar_sizes.size(); ++i) {
       std::vector<double> t;
       for (int rep = 0; rep < o.reps + 2; ++rep) {
         group.barrier();
         const double t0 = now();
-        comm.all_reduce_sum(data.data(), m.ar_sizes[i] / sizeof(float), group.everyone(), kChannel);
+        comm.all_reduce_sum(data.data(), m.ar_sizes[i] / sizeof(float), local, kChannel);
         if (rep >= 2) t.push_back(now() - t0);
       }
       if (comm.rank() == 0) m.wire[m.p2p_sizes.size() + i] = median(t);
     }
   }
   group.sum(m.wire);
+}
+
+// Between hosts: the i-th rank of host 0 and the i-th of host 1 ping-pong, every such pair at once
+// (as a pipeline's stages send at once), so the figure is what one rank gets of the hosts' link
+// while its neighbours use it too. Then the all-reduce across hosts as data parallelism over hosts
+// runs it: the i-th ranks of every host a group, all groups at once (both directions of every link
+// busy, which a ping-pong does not show).
+void measure_network(Communicator& comm, const ProfileOptions& o, Group& group, Measured& m) {
+  const HostMap hosts = comm.hosts();
+  if (hosts.count() < 2) return;
+  std::vector<std::vector<int>> on(hosts.count());
+  for (int r = 0; r < comm.size(); ++r) on[size_t(hosts.host_of[size_t(r)])].push_back(r);
+  m.ranks_per_host = int64_t(on[0].size());
+  for (const auto& h : on)
+    if (h.size() != on[0].size()) m.ranks_per_host = 0;
+  const size_t pairs = std::min(on[0].size(), on[1].size());
+  int peer = -1;
+  bool first = false;
+  for (size_t i = 0; i < pairs; ++i) {
+    if (on[0][i] == comm.rank()) peer = on[1][i], first = true;
+    if (on[1][i] == comm.rank()) peer = on[0][i];
+  }
+  m.network.assign(m.p2p_sizes.size(), 0.0);
+  std::vector<char> buf(m.p2p_sizes.back());
+  for (size_t i = 0; i < m.p2p_sizes.size(); ++i) {
+    group.barrier();
+    std::vector<double> t;
+    for (int rep = 0; rep < o.reps + 2 && peer >= 0; ++rep) {
+      const double t0 = now();
+      if (first) {
+        comm.send(buf.data(), m.p2p_sizes[i], peer, kTag);
+        comm.recv(buf.data(), m.p2p_sizes[i], peer, kTag);
+      } else {
+        comm.recv(buf.data(), m.p2p_sizes[i], peer, kTag);
+        comm.send(buf.data(), m.p2p_sizes[i], peer, kTag);
+      }
+      if (rep >= 2) t.push_back((now() - t0) / 2);  // one way
+    }
+    if (first) m.network[i] = median(t);
+  }
+  group.sum(m.network);
+  for (double& v : m.network) v /= double(pairs);
+  std::vector<int> across;  // the ranks with this rank's index on their hosts
+  const int32_t mine = hosts.host_of[size_t(comm.rank())];
+  const size_t index = size_t(std::find(on[size_t(mine)].begin(), on[size_t(mine)].end(), comm.rank()) - on[size_t(mine)].begin());
+  for (const auto& h : on)
+    if (index < h.size()) across.push_back(h[index]);
+  comm.prepare_group(across, kChannel);
+  m.across_ranks = int64_t(hosts.count());
+  m.network_ar.assign(m.ar_sizes.size(), 0.0);
+  std::vector<float> data(m.ar_sizes.back() / sizeof(float), 1.0f);
+  for (size_t i = 0; i < m.ar_sizes.size(); ++i) {
+    std::vector<double> t;
+    for (int rep = 0; rep < o.reps + 2; ++rep) {
+      group.barrier();
+      const double t0 = now();
+      comm.all_reduce_sum(data.data(), m.ar_sizes[i] / sizeof(float), across, kChannel);
+      if (rep >= 2) t.push_back(now() - t0);
+    }
+    if (comm.rank() == 0) m.network_ar[i] = median(t);
+  }
+  group.sum(m.network_ar);
 }
 
 // The machine description: regions' lines, the optimizer, the links, and what it was measured on.
@@ -274,11 +351,20 @@ json describe(const RegionModel::Impl& impl, const Measured& m, const std::strin
     std::vector<double> px(m.p2p_sizes.begin(), m.p2p_sizes.end()), ax(m.ar_sizes.begin(), m.ar_sizes.end());
     const auto p2p = fit(px, std::vector<double>(m.wire.begin(), m.wire.begin() + np2p));
     const auto ar = fit(ax, std::vector<double>(m.wire.begin() + np2p, m.wire.end()));
-    const double k = ranks;
     // Ring all-reduce: 2(k-1) latencies and 2(k-1)/k of the bytes over the link.
     out["link"] = {{"bandwidth", p2p.second > 0 ? 1.0 / p2p.second : 1e12}, {"latency", std::max(0.0, p2p.first)}};
-    out["collectives"] = {{"bandwidth", ar.second > 0 ? 2 * (k - 1) / k / ar.second : 1e12},
-                          {"latency", std::max(0.0, ar.first / (2 * (k - 1)))}};
+    const double kl = double(m.ar_ranks);
+    out["collectives"] = {{"bandwidth", ar.second > 0 ? 2 * (kl - 1) / kl / ar.second : 1e12},
+                          {"latency", std::max(0.0, ar.first / (2 * (kl - 1)))}};
+    if (!m.network.empty()) {
+      const auto net = fit(px, m.network);
+      out["network"] = {{"bandwidth", net.second > 0 ? 1.0 / net.second : 1e12}, {"latency", std::max(0.0, net.first)}};
+      const auto nar = fit(ax, m.network_ar);
+      const double kn = double(m.across_ranks);
+      out["network_collectives"] = {{"bandwidth", nar.second > 0 ? 2 * (kn - 1) / kn / nar.second : 1e12},
+                                    {"latency", std::max(0.0, nar.first / (2 * (kn - 1)))}};
+      if (m.ranks_per_host > 0) out["ranks_per_host"] = m.ranks_per_host;
+    }
   } else {
     out["link"] = {{"bandwidth", 1e12}, {"latency", 0.0}};
     out["comment"] = out["comment"].get<std::string>() + " One rank: nothing is communicated, so links were not measured.";
@@ -297,6 +383,7 @@ std::string profile_machine(const std::string& model_path, Communicator& comm, c
   Measured m;
   measure_compute(impl, seq, o, group, comm.size(), m);
   measure_wire(comm, o, group, m);
+  measure_network(comm, o, group, m);
   if (comm.rank() != 0) return "";
   return describe(impl, m, model_path, seq, comm.size(), o).dump(2) + "\n";
 }
