@@ -77,10 +77,12 @@ std::string StreamThreads::stuck_report(std::chrono::steady_clock::time_point no
   for (size_t s = 0; s < heads_.size(); ++s) {
     const Head& h = heads_[s];
     std::string what;
+    const std::string peer = h.op >= 0 && describe_ ? describe_(h.op) : "";
     if (h.op < 0) {
       what = "finished the step";
     } else if (h.running) {
-      what = fmt::format("running {} for {:.1f} s", ir::token(g_.nodes[static_cast<size_t>(h.op)]), secs(h));
+      what = fmt::format("running {}{} for {:.1f} s", ir::token(g_.nodes[static_cast<size_t>(h.op)]),
+                         peer.empty() ? "" : " (" + peer + ")", secs(h));
     } else {
       std::vector<std::string> waits;
       for (ir::NodeId u : preds_[static_cast<size_t>(h.op)])

@@ -47,6 +47,9 @@ class StreamThreads {
   // Every stream runs its ops in the program's order, overlap windows included: on a device, where
   // a thread only launches work, events name ops by their planned place (runtime/device_queues.h).
   void set_in_order(bool in_order) { in_order_ = in_order; }
+  // What the watchdog's report adds to a communication op's row: its peer or group and their hosts
+  // (a stuck receive names whom it waits for).
+  void set_describe(std::function<std::string(ir::NodeId)> describe) { describe_ = std::move(describe); }
   // When the last run() began: the origin of its spans' times.
   std::chrono::steady_clock::time_point began() const { return t0_; }
 
@@ -76,6 +79,7 @@ class StreamThreads {
   std::chrono::steady_clock::time_point t0_;
   double op_timeout_ = 0;
   bool in_order_ = false;
+  std::function<std::string(ir::NodeId)> describe_;
   // Per stream: the op at its head (-1: finished the step), whether it runs (else it waits for its
   // events), and since when.
   struct Head {

@@ -65,6 +65,7 @@ void Executor::Impl::setup() {
     if (queues) queues->enter(k);
   });
   threads->set_op_timeout(opt.op_timeout);
+  threads->set_describe([this, hosts = comm.hosts()](ir::NodeId v) { return describe_peers(v, hosts); });
   // Tensor-parallel pieces sum partials with their peers in program order: inside an overlap window
   // too (the first ready would differ between the peers).
   threads->set_in_order(queues != nullptr || !tensor_groups.empty());

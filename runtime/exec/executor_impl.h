@@ -80,6 +80,8 @@ struct Executor::Impl {
   // Setup (executor.cpp), and the model assembled into this rank's stages (assembly.cpp).
   void setup();
   void check_inputs();
+  // A communication op's peer or group and their hosts, for the watchdog ("from rank 2 on host h1").
+  std::string describe_peers(ir::NodeId v, const HostMap& hosts) const;
   void assemble_stages();
   void index_dataflow();
   void sharded_modules(RegionId r, const ir::Segment& seg, PieceModules& pm);

@@ -188,6 +188,23 @@ void Executor::Impl::run(NodeId v) {
     if (--unread[static_cast<size_t>(u)] == 0) values[static_cast<size_t>(u)].clear();
 }
 
+std::string Executor::Impl::describe_peers(NodeId v, const HostMap& hosts) const {
+  const Node& n = node(v);
+  if (ir::is_chunk(n.op)) return "";
+  auto host = [&](int r) { return hosts.names[size_t(hosts.host_of[size_t(r)])]; };
+  if (n.op == Op::Send || n.op == Op::Recv) {
+    const int peer = view.peers[size_t(v)].first;
+    return fmt::format("{} rank {}{}", n.op == Op::Send ? "to" : "from", peer, hosts.count() > 1 ? " on host " + host(peer) : "");
+  }
+  const std::vector<int32_t> group = g.facts.mesh.group_along(comm.rank(), n.axis);
+  if (group.size() < 2) return "";
+  std::vector<std::string> names;
+  for (int32_t r : group)
+    if (std::find(names.begin(), names.end(), host(r)) == names.end()) names.push_back(host(r));
+  return fmt::format("with ranks {}{}", fmt::join(group, ", "),
+                     hosts.count() > 1 ? fmt::format(" on host{} {}", names.size() > 1 ? "s" : "", fmt::join(names, ", ")) : "");
+}
+
 void Executor::Impl::run_op(NodeId v) {
   const Node& n = node(v);
   switch (n.op) {
