@@ -203,26 +203,54 @@ void measure_compute(RegionModel::Impl& impl, int64_t seq, const ProfileOptions&
   for (double& v : m.compute) v /= ranks;
 }
 
+// One way between this rank and `peer` (the one who sends first is `first`), median over reps.
+double ping_pong(Communicator& comm, size_t bytes, int peer, bool first, int reps) {
+  std::vector<char> buf(bytes);
+  std::vector<double> t;
+  for (int rep = 0; rep < reps + 2; ++rep) {
+    const double t0 = now();
+    if (first) {
+      comm.send(buf.data(), bytes, peer, kTag);
+      comm.recv(buf.data(), bytes, peer, kTag);
+    } else {
+      comm.recv(buf.data(), bytes, peer, kTag);
+      comm.send(buf.data(), bytes, peer, kTag);
+    }
+    if (rep >= 2) t.push_back((now() - t0) / 2);  // one way
+  }
+  return median(t);
+}
+
+// An all-reduce over `ranks` per size (this rank's median): every rank calls it, each with its own
+// group, so groups that do not overlap run at once.
+std::vector<double> time_all_reduce(Communicator& comm, Group& group, const std::vector<size_t>& sizes,
+                                    const std::vector<int>& ranks, int reps) {
+  comm.prepare_group(ranks, kChannel);
+  std::vector<float> data(sizes.back() / sizeof(float), 1.0f);
+  std::vector<double> out;
+  for (size_t bytes : sizes) {
+    std::vector<double> t;
+    for (int rep = 0; rep < reps + 2; ++rep) {
+      group.barrier();
+      const double t0 = now();
+      comm.all_reduce_sum(data.data(), bytes / sizeof(float), ranks, kChannel);
+      if (rep >= 2) t.push_back(now() - t0);
+    }
+    out.push_back(median(t));
+  }
+  return out;
+}
+
 // Communication, measured by rank 0 (with rank 1 for point-to-point) and shared by the sum.
 void measure_wire(Communicator& comm, const ProfileOptions& o, Group& group, Measured& m) {
   m.wire.assign(m.p2p_sizes.size() + m.ar_sizes.size(), 0.0);
   if (comm.size() >= 2) {
-    std::vector<char> buf(m.p2p_sizes.back());
     for (size_t i = 0; i < m.p2p_sizes.size(); ++i) {
       group.barrier();
-      std::vector<double> t;
-      for (int rep = 0; rep < o.reps + 2; ++rep) {
-        const double t0 = now();
-        if (comm.rank() == 0) {
-          comm.send(buf.data(), m.p2p_sizes[i], 1, kTag);
-          comm.recv(buf.data(), m.p2p_sizes[i], 1, kTag);
-        } else if (comm.rank() == 1) {
-          comm.recv(buf.data(), m.p2p_sizes[i], 0, kTag);
-          comm.send(buf.data(), m.p2p_sizes[i], 0, kTag);
-        }
-        if (rep >= 2) t.push_back((now() - t0) / 2);  // one way
+      if (comm.rank() <= 1) {
+        const double t = ping_pong(comm, m.p2p_sizes[i], 1 - comm.rank(), comm.rank() == 0, o.reps);
+        if (comm.rank() == 0) m.wire[i] = t;
       }
-      if (comm.rank() == 0) m.wire[i] = median(t);
     }
     // Across hosts, the collectives' own link is the one inside a host: each host all-reduces among
     // its ranks (all hosts at once); what crosses is measured by measure_network.
@@ -231,19 +259,9 @@ void measure_wire(Communicator& comm, const ProfileOptions& o, Group& group, Mea
     for (int r = 0; r < comm.size(); ++r)
       if (hosts.host_of[size_t(r)] == hosts.host_of[size_t(comm.rank())]) local.push_back(r);
     if (local.size() < 2) local = group.everyone();  // one rank a host: only the crossing ring exists
-    comm.prepare_group(local, kChannel);
     m.ar_ranks = int64_t(local.size());
-    std::vector<float> data(m.ar_sizes.back() / sizeof(float), 1.0f);
-    for (size_t i = 0; i < m.ar_sizes.size(); ++i) {
-      std::vector<double> t;
-      for (int rep = 0; rep < o.reps + 2; ++rep) {
-        group.barrier();
-        const double t0 = now();
-        comm.all_reduce_sum(data.data(), m.ar_sizes[i] / sizeof(float), local, kChannel);
-        if (rep >= 2) t.push_back(now() - t0);
-      }
-      if (comm.rank() == 0) m.wire[m.p2p_sizes.size() + i] = median(t);
-    }
+    const auto t = time_all_reduce(comm, group, m.ar_sizes, local, o.reps);
+    if (comm.rank() == 0) std::copy(t.begin(), t.end(), m.wire.begin() + ptrdiff_t(m.p2p_sizes.size()));
   }
   group.sum(m.wire);
 }
@@ -269,44 +287,21 @@ void measure_network(Communicator& comm, const ProfileOptions& o, Group& group, 
     if (on[1][i] == comm.rank()) peer = on[0][i];
   }
   m.network.assign(m.p2p_sizes.size(), 0.0);
-  std::vector<char> buf(m.p2p_sizes.back());
   for (size_t i = 0; i < m.p2p_sizes.size(); ++i) {
     group.barrier();
-    std::vector<double> t;
-    for (int rep = 0; rep < o.reps + 2 && peer >= 0; ++rep) {
-      const double t0 = now();
-      if (first) {
-        comm.send(buf.data(), m.p2p_sizes[i], peer, kTag);
-        comm.recv(buf.data(), m.p2p_sizes[i], peer, kTag);
-      } else {
-        comm.recv(buf.data(), m.p2p_sizes[i], peer, kTag);
-        comm.send(buf.data(), m.p2p_sizes[i], peer, kTag);
-      }
-      if (rep >= 2) t.push_back((now() - t0) / 2);  // one way
-    }
-    if (first) m.network[i] = median(t);
+    const double t = peer >= 0 ? ping_pong(comm, m.p2p_sizes[i], peer, first, o.reps) : 0.0;
+    if (first) m.network[i] = t;
   }
   group.sum(m.network);
   for (double& v : m.network) v /= double(pairs);
   std::vector<int> across;  // the ranks with this rank's index on their hosts
-  const int32_t mine = hosts.host_of[size_t(comm.rank())];
-  const size_t index = size_t(std::find(on[size_t(mine)].begin(), on[size_t(mine)].end(), comm.rank()) - on[size_t(mine)].begin());
+  const auto& mine = on[size_t(hosts.host_of[size_t(comm.rank())])];
+  const size_t index = size_t(std::find(mine.begin(), mine.end(), comm.rank()) - mine.begin());
   for (const auto& h : on)
     if (index < h.size()) across.push_back(h[index]);
-  comm.prepare_group(across, kChannel);
   m.across_ranks = int64_t(hosts.count());
-  m.network_ar.assign(m.ar_sizes.size(), 0.0);
-  std::vector<float> data(m.ar_sizes.back() / sizeof(float), 1.0f);
-  for (size_t i = 0; i < m.ar_sizes.size(); ++i) {
-    std::vector<double> t;
-    for (int rep = 0; rep < o.reps + 2; ++rep) {
-      group.barrier();
-      const double t0 = now();
-      comm.all_reduce_sum(data.data(), m.ar_sizes[i] / sizeof(float), across, kChannel);
-      if (rep >= 2) t.push_back(now() - t0);
-    }
-    if (comm.rank() == 0) m.network_ar[i] = median(t);
-  }
+  m.network_ar = time_all_reduce(comm, group, m.ar_sizes, across, o.reps);
+  if (comm.rank() != 0) std::fill(m.network_ar.begin(), m.network_ar.end(), 0.0);  // rank 0's group
   group.sum(m.network_ar);
 }
 
