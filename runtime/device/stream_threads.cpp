@@ -68,12 +68,22 @@ std::string StreamThreads::run(int64_t step, const RunOp& op, const OnFailure& o
 }
 
 std::string StreamThreads::stuck_report(std::chrono::steady_clock::time_point now) const {
-  auto secs = [&](const Head& h) { return std::chrono::duration<double>(now - h.since).count(); };
   bool stuck = false;
-  for (const Head& h : heads_) stuck |= h.op >= 0 && secs(h) > op_timeout_;
+  for (const Head& h : heads_) stuck |= h.op >= 0 && std::chrono::duration<double>(now - h.since).count() > op_timeout_;
   if (!stuck) return "";
-  std::string out = fmt::format("rank {}, step {}: watchdog: an op ran or waited longer than --op-timeout {} s; its streams:", rank_,
-                                step_, op_timeout_);
+  return fmt::format("rank {}, step {}: watchdog: an op ran or waited longer than --op-timeout {} s; its streams:{}", rank_,
+                     step_, op_timeout_, stream_rows(now));
+}
+
+std::string StreamThreads::report_now() {
+  std::lock_guard lk(mu_);
+  if (generation_ == 0 || finished_ == threads_.size()) return "";
+  return fmt::format("during step {}; its streams:{}", step_, stream_rows(std::chrono::steady_clock::now()));
+}
+
+std::string StreamThreads::stream_rows(std::chrono::steady_clock::time_point now) const {
+  auto secs = [&](const Head& h) { return std::chrono::duration<double>(now - h.since).count(); };
+  std::string out;
   for (size_t s = 0; s < heads_.size(); ++s) {
     const Head& h = heads_[s];
     std::string what;
@@ -162,7 +172,7 @@ void StreamThreads::loop(size_t s) {
       if (spans_)
         spans_->push_back(OpSpan{ir::token(g_.nodes[static_cast<size_t>(v)]), stream,
                                  std::chrono::duration<double>(a - t0_).count(), std::chrono::duration<double>(b - t0_).count(),
-                                 memory_stats(rank_).live});
+                                 memory_stats(rank_).live, ir::is_chunk(g_.nodes[static_cast<size_t>(v)].op)});
       done_[static_cast<size_t>(v)] = 1;
       ran[at] = 1;
       while (next < prog.ops.size() && ran[next]) ++next;

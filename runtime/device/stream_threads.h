@@ -22,6 +22,7 @@ struct OpSpan {  // what ran, for the trace
   std::string token, stream;
   double start = 0, end = 0;  // seconds since the step's ops began (StreamThreads::began)
   int64_t live_bytes = 0;     // this rank's tensor memory when the op ended (with the memory counter)
+  bool compute = false;       // a chunk of the model (F, B, W, U), not communication
 };
 
 class StreamThreads {
@@ -52,12 +53,16 @@ class StreamThreads {
   void set_describe(std::function<std::string(ir::NodeId)> describe) { describe_ = std::move(describe); }
   // When the last run() began: the origin of its spans' times.
   std::chrono::steady_clock::time_point began() const { return t0_; }
+  // Where every stream is now, from any thread ("during step 12; its streams:" and a row each), or
+  // "" between steps: what a rank the launcher stops says it was doing (runtime/job/stop_report.h).
+  std::string report_now();
 
  private:
   void loop(size_t stream);
   bool ready(ir::NodeId v) const;  // under mu_
   // Under mu_: the report when some stream is stuck past the timeout, else "".
   std::string stuck_report(std::chrono::steady_clock::time_point now) const;
+  std::string stream_rows(std::chrono::steady_clock::time_point now) const;  // under mu_: a row per stream
 
   const ir::Graph& g_;
   const sched::ClassProgram& program_;

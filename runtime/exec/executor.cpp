@@ -65,6 +65,11 @@ void Executor::Impl::setup() {
     if (queues) queues->enter(k);
   });
   threads->set_op_timeout(opt.op_timeout);
+  const HostMap hosts = comm.hosts();
+  calls = std::make_unique<CallWatch>(
+      opt.op_timeout,
+      fmt::format("rank {}{}", comm.rank(), hosts.count() > 1 ? " on host " + hosts.names[size_t(hosts.host_of[size_t(comm.rank())])] : ""),
+      [this](const std::string& why) { comm.abort(why); });
   threads->set_describe([this, hosts = comm.hosts()](ir::NodeId v) { return describe_peers(v, hosts); });
   // Tensor-parallel pieces sum partials with their peers in program order: inside an overlap window
   // too (the first ready would differ between the peers).
@@ -126,7 +131,10 @@ double Executor::Impl::pass_loss() {
     const Node& n = node(NodeId(v));
     if (n.op == Op::F && last_piece(n) && view.mine(plan, NodeId(v))) loss += losses[v];
   }
+  calls->arm(fmt::format("in step {}, the loss's all-reduce{} (every rank, 0-{})", cur_step, evaluating ? " (validation)" : "",
+                         comm.size() - 1));
   comm.all_reduce_sum(&loss, 1, everyone(comm), kRuntimeChannel);
+  calls->disarm();
   return loss / static_cast<double>(view.replicas);
 }
 
@@ -213,6 +221,13 @@ Executor::Executor(const sched::Plan& plan, const std::string& model_path, const
 Executor::~Executor() = default;
 
 StepResult Executor::step(int64_t step) { return impl_->step(step); }
+
+std::string Executor::report_now() const {
+  const std::string streams = impl_->threads ? impl_->threads->report_now() : "";
+  return streams.empty() && impl_->calls ? impl_->calls->current() : streams;
+}
+
+CallWatch& Executor::calls() { return *impl_->calls; }
 
 std::pair<double, double> Executor::param_checksum() {
   double sums[2] = {0, 0};

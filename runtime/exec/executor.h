@@ -14,6 +14,7 @@
 #include "scheduler/plan.h"
 
 namespace piper::runtime {
+class CallWatch;  // runtime/device/call_watch.h
 
 struct ExecutorOptions {
   int64_t global_batch = 8;
@@ -69,6 +70,11 @@ class Executor {
   int64_t load_checkpoint(const std::string& dir, std::string* note, std::string* settings = nullptr);
   // Rank 0 writes the trained model as a TorchScript model.pt with its manifest (all ranks call it).
   void save_model(const std::string& path);
+  // Where this rank is now, from any thread (its streams, or the watched call between them; "" when
+  // none): for a stopped job's report.
+  std::string report_now() const;
+  // The watchdog of calls every rank makes outside the plan's streams (the job arms it around its own).
+  CallWatch& calls();
   // What of the plan this executor cannot run; empty when the plan is supported.
   static std::vector<std::string> unsupported(const sched::Plan& plan);
 

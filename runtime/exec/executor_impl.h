@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "runtime/device/call_watch.h"
 #include "runtime/device/device_queues.h"
 #include "runtime/exec/chunk_runner.h"
 #include "runtime/exec/executor.h"
@@ -43,6 +44,8 @@ struct Executor::Impl {
   std::vector<std::vector<ir::NodeId>> data_preds;         // per node: its data predecessors on this rank
   std::vector<int> consumers;                              // per node: its data successors on this rank
   std::unique_ptr<StreamThreads> threads;
+  // The calls every rank makes outside the streams (the step's loss; the job's metrics, checkpoints).
+  std::unique_ptr<CallWatch> calls;
 
   // Per step: what each piece holds between its ops, and what each op produced for its consumers.
   std::map<std::tuple<int32_t, int32_t, int16_t>, PieceIO> pieces_io;

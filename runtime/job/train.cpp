@@ -14,7 +14,10 @@
 #include "ir/emit.h"
 #include "lang/units.h"
 #include "runtime/exec/executor.h"
+#include "runtime/device/call_watch.h"
 #include "runtime/job/settings.h"
+#include "runtime/job/stop_report.h"
+#include "runtime/job/straggler.h"
 #include "runtime/job/trace.h"
 #include "runtime/view/rank_view.h"
 #include "scheduler/plan.h"
@@ -42,21 +45,28 @@ int first_mismatch(Communicator& comm, uint64_t hash) {
   return -1;
 }
 
-// Every rank's peak tensor bytes of the step, and its bytes by category at that moment (rank order).
-struct StepMemory {
+// Every rank's peak tensor bytes of the step, its bytes by category at that moment, its step's
+// seconds and the seconds its compute ops ran (rank order).
+struct StepRanks {
   std::vector<int64_t> peak;                                 // per rank
   std::vector<std::array<int64_t, kMemCategories>> at_peak;  // per rank
+  std::vector<double> seconds, compute;                      // per rank
 };
-StepMemory gather_memory(Communicator& comm, const MemoryStats& mine) {
-  const size_t w = static_cast<size_t>(comm.size()), row = 1 + kMemCategories;
+StepRanks gather_ranks(Communicator& comm, const StepResult& mine) {
+  const size_t w = static_cast<size_t>(comm.size()), row = 3 + kMemCategories;
   std::vector<double> all(w * row, 0.0);
   const size_t me = static_cast<size_t>(comm.rank()) * row;
-  all[me] = static_cast<double>(mine.peak);
-  for (size_t c = 0; c < static_cast<size_t>(kMemCategories); ++c) all[me + 1 + c] = static_cast<double>(mine.at_peak[c]);
+  all[me] = static_cast<double>(mine.memory.peak);
+  for (size_t c = 0; c < static_cast<size_t>(kMemCategories); ++c) all[me + 1 + c] = static_cast<double>(mine.memory.at_peak[c]);
+  all[me + row - 2] = mine.seconds;
+  for (const OpSpan& op : mine.ops)
+    if (op.compute) all[me + row - 1] += op.end - op.start;
   comm.all_reduce_sum(all.data(), all.size(), everyone(comm), kHashChannel);
-  StepMemory out;
+  StepRanks out;
   for (size_t r = 0; r < w; ++r) {
     out.peak.push_back(static_cast<int64_t>(all[r * row]));
+    out.seconds.push_back(all[r * row + row - 2]);
+    out.compute.push_back(all[r * row + row - 1]);
     std::array<int64_t, kMemCategories> cats{};
     for (size_t c = 0; c < static_cast<size_t>(kMemCategories); ++c) cats[c] = static_cast<int64_t>(all[r * row + 1 + c]);
     out.at_peak.push_back(cats);
@@ -71,7 +81,7 @@ class StepReporter {
   StepReporter(const TrainOptions& o, int64_t tokens_per_step) : o_(o), tokens_(tokens_per_step) {
     if (!o.metrics_path.empty()) metrics_.open(o.metrics_path);
   }
-  void step(int64_t s, const StepResult& r, const StepMemory& mem) {
+  void step(int64_t s, const StepResult& r, const StepRanks& mem) {
     const double tps = double(tokens_) / r.seconds;
     const size_t fullest = static_cast<size_t>(std::max_element(mem.peak.begin(), mem.peak.end()) - mem.peak.begin());
     if (o_.progress) fmt::print("\r\033[K");  // replace the progress bar with the step's line
@@ -93,9 +103,10 @@ class StepReporter {
     if (r.val_loss >= 0) norm_key += fmt::format("\"val_loss\":{:.9g},\"eval_s\":{:.6f},", r.val_loss, r.eval_seconds);
     metrics_ << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"lr\":{:.9g},{}\"tokens_per_s\":{:.1f},\"step_s\":{:.6f},"
                             "\"peak_mem_bytes\":{},\"peak_tensor_bytes\":{},\"peak_tensor_bytes_by_rank\":[{}],"
-                            "\"peak_tensor_bytes_by_category\":{}}}\n",
+                            "\"peak_tensor_bytes_by_category\":{},\"step_s_by_rank\":[{:.6f}],\"compute_s_by_rank\":[{:.6f}]}}\n",
                             s + 1, r.loss, r.lr, norm_key, tps, r.seconds, peak_rss_bytes(), mem.peak[fullest],
-                            fmt::join(mem.peak, ","), by_category.dump())
+                            fmt::join(mem.peak, ","), by_category.dump(), fmt::join(mem.seconds, ","),
+                            fmt::join(mem.compute, ","))
              << std::flush;
   }
   void finish(std::pair<double, double> checksum) {
@@ -110,8 +121,16 @@ class StepReporter {
 };
 
 // The steps from `first` on, with checkpoints as asked; the spans for the trace when one is written.
-void run_steps(const TrainOptions& o, Executor& ex, Communicator& comm, int64_t first, int64_t seq) {
+void run_steps(const TrainOptions& o, Executor& ex, Communicator& comm, int64_t first, int64_t seq, StragglerWatch& slow) {
   const bool lead = comm.rank() == 0;
+  // Between steps every rank meets every other (the metrics; a checkpoint's save): watched as the
+  // plan's ops are, so a host lost there is named rather than waited for.
+  CallWatch& watch = ex.calls();
+  const HostMap hosts = comm.hosts();
+  const std::string everyone_on = hosts.count() > 1 ? fmt::format(" on hosts {}", fmt::join(hosts.names, ", ")) : "";
+  auto arm = [&](int64_t s, const char* what) {
+    watch.arm(fmt::format("after step {}, {} (every rank, 0-{}{})", s + 1, what, comm.size() - 1, everyone_on));
+  };
   std::optional<TokenData> val;
   if (!o.val_data.empty() && o.eval_every > 0) val.emplace(o.val_data);
   std::optional<StepReporter> report;
@@ -124,11 +143,16 @@ void run_steps(const TrainOptions& o, Executor& ex, Communicator& comm, int64_t 
       r.val_loss = ex.evaluate(*val, o.eval_batches);
       r.eval_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / double(o.eval_batches);
     }
-    const StepMemory mem = gather_memory(comm, r.memory);
+    arm(s, "gathering the step's metrics");
+    const StepRanks mem = gather_ranks(comm, r);
+    watch.disarm();
     if (lead) report->step(s, r, mem);
+    if (const std::string line = slow.step(mem.compute); lead && !line.empty()) fmt::print("piper-run: {}\n", line);
     if (!o.trace_path.empty()) spans.emplace_back(s, std::move(r));
     if (!o.checkpoint_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || s + 1 == o.steps)) {
+      arm(s, "saving the checkpoint");
       const std::string at = ex.save_checkpoint(o.checkpoint_dir, s + 1, o.strategy, run_settings(o));
+      watch.disarm();
       if (lead) fmt::print("piper-run: checkpoint {}\n", at);
     }
   }
@@ -185,6 +209,9 @@ int train(const TrainOptions& o, Communicator& comm) {
   eo.recipe = o.recipe;
   if (eo.recipe.decay_steps <= 0) eo.recipe.decay_steps = o.steps;  // the schedule decays over the run
   Executor ex(*plan, o.model, data, comm, eo);
+  const size_t my_host = hosts.host_of.empty() ? 0 : size_t(hosts.host_of[size_t(comm.rank())]);
+  StopReport stopped(fmt::format("rank {}{}", comm.rank(), hosts.count() > 1 ? " on host " + hosts.names[my_host] : ""),
+                     [&ex] { return ex.report_now(); });
   const auto& first_region = plan->manifest.regions[static_cast<size_t>(plan->manifest.sequence.front())];
   const int64_t seq = o.seq_len > 0 ? o.seq_len : first_region.input->shape[0];
   if (lead)
@@ -208,7 +235,8 @@ int train(const TrainOptions& o, Communicator& comm) {
                  fmt::join(changed.data, ", "));
   }
   if (limit) set_memory_limit(comm.rank(), static_cast<int64_t>(*limit));
-  run_steps(o, ex, comm, first, seq);
+  StragglerWatch slow(planned_compute(*plan, comm.size()), hosts);
+  run_steps(o, ex, comm, first, seq, slow);
   return 0;
 }
 
