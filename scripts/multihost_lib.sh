@@ -15,6 +15,7 @@
 # Requires root (ip netns), iproute2 and Open MPI.
 
 bed_prefix="pmh$$"             # namespace names: unique per bed, so two beds can run at once
+bed_cgroot="/proc/$$/root/sys/fs/cgroup"  # the cgroups as this shell sees them (not a namespace's /sys)
 bed_dir=""                     # the bed's files: hostfile, rsh agent, hosts map
 bed_hosts=0 bed_slots=2
 bed_timeout=300                # seconds bed_mpirun may run (a hung job fails instead of hanging)
@@ -49,6 +50,9 @@ bed_up() {
     ip -n "$ns" addr add "$bed_net.$((i + 1))/24" dev eth0
     ip -n "$ns" link set eth0 up
     ip -n "$ns" link set lo up
+    # A connection whose peer went silent fails after ~13 s of retransmits (5), not Linux's ~15 min
+    # (15): a host cut off ends its Open MPI daemon, which ends its ranks. Per namespace: this host's.
+    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_retries2=5
     if [ -n "$rate" ]; then bed_shape "$ns" "$rate" "$delay" || return 1; fi
     echo "h$i slots=$bed_slots" >>"$bed_dir/hostfile"
     echo "h$i $ns" >>"$bed_dir/namespaces"
@@ -70,7 +74,9 @@ bed_up() {
 host=\$1; shift
 ns=\$(awk -v h="\$host" '\$1 == h { print \$2 }' "$bed_dir/namespaces")
 [ -n "\$ns" ] || { echo "multihost agent: no host '\$host' in the bed" >&2; exit 1; }
-for g in /sys/fs/cgroup/cpuset/\$ns /sys/fs/cgroup/cpu/\$ns; do [ -d "\$g" ] && echo \$\$ >"\$g/tasks"; done
+# Into the host's cgroups, through the bed's own view of /sys: mpirun runs the agent inside host 0,
+# where \`ip netns exec\` mounted a /sys without cgroups.
+for g in $bed_cgroot/cpuset/\$ns $bed_cgroot/cpu/\$ns; do [ -d "\$g" ] && echo \$\$ >"\$g/tasks"; done
 exec ip netns exec "\$ns" unshare --uts sh -c 'hostname "\$0" && exec sh -c "\$*"' "\$host" "\$@"
 EOF
   chmod +x "$bed_dir/agent"
@@ -85,7 +91,7 @@ bed_cgroups() {
   per=$((cores / bed_hosts))
   for ((i = 0; i < bed_hosts; i++)); do
     ns=$(bed_ns "$i")
-    mkdir -p "/sys/fs/cgroup/cpuset/$ns" "/sys/fs/cgroup/cpu/$ns" || return 1
+    mkdir -p "$bed_cgroot/cpuset/$ns" "$bed_cgroot/cpu/$ns" || return 1
     echo "$((i * per))-$((i * per + per - 1))" >"/sys/fs/cgroup/cpuset/$ns/cpuset.cpus"
     cat /sys/fs/cgroup/cpuset/cpuset.mems >"/sys/fs/cgroup/cpuset/$ns/cpuset.mems"
   done
@@ -94,8 +100,9 @@ bed_cgroups() {
 bed_slow() {
   local g="/sys/fs/cgroup/cpu/$(bed_ns "${1#h}")" percent=$2
   [ -d "$g" ] || { echo "multihost: no cpu cgroup for host $1" >&2; return 1; }
-  echo 100000 >"$g/cpu.cfs_period_us"
-  if ((percent >= 100)); then echo -1 >"$g/cpu.cfs_quota_us"; else echo $((percent * 1000)) >"$g/cpu.cfs_quota_us"; fi
+  # A short period (10 ms) slows every op alike, rather than stopping the host for most of 100 ms now and then.
+  echo 10000 >"$g/cpu.cfs_period_us"
+  if ((percent >= 100)); then echo -1 >"$g/cpu.cfs_quota_us"; else echo $((percent * 100)) >"$g/cpu.cfs_quota_us"; fi
 }
 
 # A host's outgoing link limited to RATE (a token bucket: tbf), delayed by DELAY where the kernel has
@@ -109,17 +116,21 @@ bed_shape() {
   tc -n "$ns" qdisc add dev eth0 root tbf rate "$rate" burst 64kb latency 50ms
 }
 
-# mpirun on host 0 (inside its namespace and under its name) across every host of the bed.
+# mpirun on host 0 (inside its namespace and under its name) across every host of the bed. Keepalives
+# on Open MPI's own connections (5 s idle, 3 probes a second apart) tell mpirun a daemon is lost when
+# its host's link goes down, as the default (300 s, 9 × 20 s) would after 8 minutes.
 bed_mpirun() {
   local np=$((bed_hosts * bed_slots))
+  # Into host 0's cgroups before entering its namespace (whose /sys has none).
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout "$bed_timeout" \
-    ip netns exec "$(bed_ns 0)" unshare --uts sh -c \
-    'for g in /sys/fs/cgroup/cpuset/$0 /sys/fs/cgroup/cpu/$0; do [ -d "$g" ] && echo $$ >"$g/tasks"; done
-     hostname h0 && exec "$@"' "$(bed_ns 0)" \
+    sh -c 'for g in "$0"/cpuset/$1 "$0"/cpu/$1; do [ -d "$g" ] && echo $$ >"$g/tasks"; done; shift; exec "$@"' \
+    "$bed_cgroot" "$(bed_ns 0)" \
+    ip netns exec "$(bed_ns 0)" unshare --uts sh -c 'hostname h0 && exec "$@"' sh \
     mpirun --hostfile "$bed_dir/hostfile" -np "$np" --map-by slot --bind-to none \
     --mca plm_rsh_agent "$bed_dir/agent" \
     --mca oob_tcp_if_include "$bed_net.0/24" --mca btl_tcp_if_include "$bed_net.0/24" \
-    --mca btl self,vader,tcp "$@"
+    --mca btl self,vader,tcp \
+    --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 3 "$@"
 }
 
 # Beds left by a process that was killed (SIGKILL runs no trap): their owner's pid is gone.
