@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include "ir/emit.h"
 
 namespace piper::ir {
@@ -15,6 +17,29 @@ bool crosses(const Graph& g, const Node& n) {
   const HostFacts& h = g.facts.hosts;
   if (n.op == Op::Send) return h.handoff(n.stage, n.flags & kBackward);
   return h.axis(n.axis);
+}
+
+// Every axis's groups with their hosts: "dp 0,1 (h0) 2,3 (h1); pp 0,2 (h0, h1) 1,3 (h0, h1)".
+std::string groups_on_hosts(const Graph& g, const std::vector<std::string>& names) {
+  const HostFacts& h = g.facts.hosts;
+  const Mesh& mesh = g.facts.mesh;
+  auto name = [&](int32_t x) { return static_cast<size_t>(x) < names.size() ? names[static_cast<size_t>(x)] : fmt::format("host {}", x); };
+  std::vector<std::string> per_axis;
+  for (int a = 0; a < static_cast<int>(mesh.axes().size()); ++a) {
+    std::vector<std::vector<int32_t>> seen;
+    std::vector<std::string> groups;
+    for (int64_t r = 0; r < mesh.world(); ++r) {
+      auto grp = mesh.group_along(r, a);
+      if (std::find(seen.begin(), seen.end(), grp) != seen.end()) continue;
+      std::vector<std::string> on;
+      for (int32_t m : grp)
+        if (std::find(on.begin(), on.end(), name(h.host(m))) == on.end()) on.push_back(name(h.host(m)));
+      groups.push_back(fmt::format("{} ({})", fmt::join(grp, ","), fmt::join(on, ", ")));
+      seen.push_back(std::move(grp));
+    }
+    per_axis.push_back(fmt::format("{} {}", mesh.axes()[static_cast<size_t>(a)].name, fmt::join(groups, " ")));
+  }
+  return fmt::format("{}", fmt::join(per_axis, "; "));
 }
 
 }  // namespace
@@ -41,6 +66,7 @@ std::string emit_hosts(const Graph& g, const std::vector<std::string>& names) {
   auto none = [](const std::vector<std::string>& v) { return v.empty() ? std::string("(none)") : fmt::format("{}", fmt::join(v, ", ")); };
   std::string out = fmt::format("  hosts      {} ({})\n", h.count, fmt::join(where, "; "));
   out += fmt::format("             axes inside a host: {}; across hosts: {}\n", none(inside), none(across));
+  out += fmt::format("             groups: {}\n", groups_on_hosts(g, names));
   out += fmt::format("             per step across hosts: {} sends ({}), {} collective calls ({}); inside: {} sends, {} collective calls\n",
                      sends[1], mib(send_bytes[1]), colls[1], mib(coll_bytes[1]), sends[0], colls[0]);
   return out;

@@ -489,6 +489,7 @@ TEST_CASE("hosts: which mesh axes and which pipeline handoffs go between hosts")
   const std::string report = emit_hosts(*g, {"a", "b"});
   CHECK(report.find("2 (a: ranks 0-3; b: ranks 4-7)") != std::string::npos);
   CHECK(report.find("axes inside a host: dp; across hosts: pp") != std::string::npos);
+  CHECK(report.find("groups: pp 0,2,4,6 (a, b) 1,3,5,7 (a, b); dp 0,1 (a) 2,3 (a) 4,5 (b) 6,7 (b)\n") != std::string::npos);
   // One host: no facts, no report.
   opt.host_of.clear();
   auto one = lower(*s, f.manifest, f.diags, opt);
