@@ -23,11 +23,11 @@ pp2=(--set pp=2 --set mb=4 --batch-size 8 --op-timeout 3)
 injected 1:2:1F2:stall 2 1f1b.piper "${pp2[@]}"
 has "rank 1, step 2: watchdog: an op ran or waited longer than --op-timeout 3 s" "the stalled rank's report"
 has "rank 1 | compute    | running 1F2 for" "the stalled op"
-has "rank 0 | p2p_recv   | running 0RECV_B2 for" "the waiting peer's row"
+has "rank 0 | p2p_recv   | running 0RECV_B2 (from rank 1) for" "the waiting peer's row"
 has "exceeded --op-timeout 3 s" "the job's error"
 
 injected 0:1:0SEND_F1:drop 2 1f1b.piper "${pp2[@]}"
-has "rank 1 | p2p_recv   | running 1RECV_F1 for" "the receive of a dropped send"
+has "rank 1 | p2p_recv   | running 1RECV_F1 (from rank 0) for" "the receive of a dropped send"
 has "rank 1 | compute    | 1F1 waits" "what waits on it"
 
 # A failing op ends the job at once, whatever the peers block on: F and B on either rank (pp=2

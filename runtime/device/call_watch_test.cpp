@@ -6,7 +6,7 @@
 
 namespace piper::runtime {
 
-TEST_CASE("the call watch: a call past the timeout is named and ends the job; one that returns in time is not") {
+TEST_CASE("the call watch: a call past the timeout is named and ends the job, one that returns in time is not") {
   std::atomic<int> fired{0};
   std::string said;
   std::mutex mu;
