@@ -108,6 +108,11 @@ class Loader {
         auto it = std::find_if(params.begin(), params.end(), [&](const ParamSpec& p) { return p.name == pname; });
         if (it == params.end())
           return fail(where, fmt::format("region '{}' lists no parameter '{}'", rname, pname)), false;
+        // A tie is one whole tensor in every region that holds it; a tensor-parallel slice of it would
+        // be summed with whole copies (a vocabulary-parallel tie is not built yet).
+        if (it->sharded())
+          return fail(where, fmt::format("{}.{} says how it shards over tensor parallelism (\"shard\"): a tied "
+                                         "parameter cannot be sharded", rname, pname)), false;
         TiedParam member{*r, static_cast<int32_t>(it - params.begin())};
         if (m.tie_of(member.region, member.index) >= 0 ||
             std::find(tie.members.begin(), tie.members.end(), member) != tie.members.end())

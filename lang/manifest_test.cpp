@@ -115,4 +115,9 @@ TEST_CASE("ties: malformed ties are located and explained") {
             .find("at ties[1][0]: h.w is already tied") != std::string::npos);
   CHECK(manifest_error(tied(R"([[{"region": "h", "param": "b"}, {"region": "h", "param": "w"}]])"))
             .find("a tie joins different regions") != std::string::npos);
+  // A tensor-parallel slice cannot be tied (the head sharded by rows, the embedding whole).
+  std::string sharded = tied(R"([[{"region": "e", "param": "w"}, {"region": "h", "param": "w"}]])",
+                             R"("shape": [4, 2], "dtype": "float32", "shard": {"dim": 0})");
+  sharded.replace(sharded.find(R"({"name": "h", )"), 14, R"({"name": "h", "tp": {"dim": "hidden", "count": 2}, )");
+  CHECK(manifest_error(sharded).find("at ties[0][1]: h.w says how it shards over tensor parallelism") != std::string::npos);
 }
