@@ -108,14 +108,7 @@ std::string signature(const json& manifest, const json& r) {
 // A tensor-parallel region as one rank of `ways` holds it: its sliced parameters replaced by slice 0.
 torch::jit::Module sliced(const torch::jit::Module& region, const json& r, int64_t ways) {
   torch::jit::Module m = region.clone();
-  for (const auto& p : r.value("params", json::array())) {
-    if (!p.contains("shard")) continue;
-    ParamSpec spec;
-    spec.shard_dim = p["shard"]["dim"].get<int32_t>();
-    spec.shard_blocks = p["shard"].value("blocks", int64_t{1});
-    const std::string name = p["name"].get<std::string>();
-    m.setattr(name, tensor_slice(m.attr(name).toTensor(), spec, ways, 0));
-  }
+  for (const SlicedParam& p : sliced_params(r)) m.setattr(p.name, tensor_slice(m.attr(p.name).toTensor(), p.spec, ways, 0));
   return m;
 }
 

@@ -12,23 +12,6 @@
 namespace piper::runtime {
 
 namespace {
-struct Sliced {
-  std::string name;
-  ParamSpec spec;
-};
-
-std::vector<Sliced> sliced_params(const nlohmann::json& region) {
-  std::vector<Sliced> out;
-  for (const auto& p : region.value("params", nlohmann::json::array()))
-    if (p.contains("shard")) {
-      ParamSpec spec;
-      spec.shard_dim = p["shard"]["dim"].get<int32_t>();
-      spec.shard_blocks = p["shard"].value("blocks", int64_t{1});
-      out.push_back({p["name"].get<std::string>(), spec});
-    }
-  return out;
-}
-
 double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
   if (!a.defined() || !b.defined()) return a.defined() == b.defined() ? 0 : INFINITY;
   return (a - b).abs().max().item<double>();
@@ -53,7 +36,7 @@ TensorCheck check_region(torch::jit::Module m, const nlohmann::json& r, int64_t 
     for (const auto& p : m.parameters()) inputs.push_back(p);
     for (int64_t k = 0; k < ways; ++k) {
       torch::jit::Module part = m.clone();
-      for (const Sliced& s : sliced) {
+      for (const SlicedParam& s : sliced) {
         torch::Tensor t = tensor_slice(m.attr(s.name).toTensor(), s.spec, ways, k).requires_grad_(true);
         part.setattr(s.name, t);
         inputs.push_back(t);
@@ -76,12 +59,12 @@ TensorCheck check_region(torch::jit::Module m, const nlohmann::json& r, int64_t 
     std::map<std::string, torch::Tensor> whole_grad;
     for (const auto& p : names) {
       whole_grad[p.name] = whole[i];
-      const bool is_sliced = std::any_of(sliced.begin(), sliced.end(), [&](const Sliced& s) { return s.name == p.name; });
+      const bool is_sliced = std::any_of(sliced.begin(), sliced.end(), [&](const SlicedParam& s) { return s.name == p.name; });
       if (!is_sliced) c.max_grad_diff = std::max(c.max_grad_diff, max_diff(whole[i], got[i]));
       ++i;
     }
     for (int64_t k = 0; k < ways; ++k)
-      for (const Sliced& s : sliced) {
+      for (const SlicedParam& s : sliced) {
         const torch::Tensor want = tensor_slice(whole_grad.at(s.name), s.spec, ways, k);
         c.max_grad_diff = std::max(c.max_grad_diff, max_diff(want, got[i++]));
       }

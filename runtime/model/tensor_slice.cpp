@@ -1,5 +1,7 @@
 #include "runtime/model/tensor_slice.h"
 
+#include <nlohmann/json.hpp>
+
 #include <torch/torch.h>
 
 namespace piper::runtime {
@@ -13,6 +15,18 @@ torch::Tensor tensor_slice(const torch::Tensor& whole, const ParamSpec& spec, in
     parts.push_back(block.narrow(dim, coord * per, per));
   }
   return torch::cat(parts, dim).contiguous().clone();
+}
+
+std::vector<SlicedParam> sliced_params(const nlohmann::json& region) {
+  std::vector<SlicedParam> out;
+  for (const auto& p : region.value("params", nlohmann::json::array()))
+    if (p.contains("shard")) {
+      ParamSpec spec;
+      spec.shard_dim = p["shard"]["dim"].get<int32_t>();
+      spec.shard_blocks = p["shard"].value("blocks", int64_t{1});
+      out.push_back({p["name"].get<std::string>(), spec});
+    }
+  return out;
 }
 
 }  // namespace piper::runtime
