@@ -489,7 +489,15 @@ TEST_CASE("hosts: which mesh axes and which pipeline handoffs go between hosts")
   const std::string report = emit_hosts(*g, {"a", "b"});
   CHECK(report.find("2 (a: ranks 0-3; b: ranks 4-7)") != std::string::npos);
   CHECK(report.find("axes inside a host: dp; across hosts: pp") != std::string::npos);
-  CHECK(report.find("groups: pp 0,2,4,6 (a, b) 1,3,5,7 (a, b); dp 0,1 (a) 2,3 (a) 4,5 (b) 6,7 (b)\n") != std::string::npos);
+  CHECK(report.find("groups: pp 0,2,4,6 (a, b) 1,3,5,7 (a, b); dp 0-1 (a) 2-3 (a) 4-5 (b) 6-7 (b)\n") != std::string::npos);
+  // A host per rank: the report folds hosts and groups rather than listing every one.
+  opt.host_of = {0, 1, 2, 3, 4, 5, 6, 7};
+  auto eight = lower(*s, f.manifest, f.diags, opt);
+  REQUIRE(eight);
+  const std::string folded = emit_hosts(*eight);
+  CHECK(folded.find("8 (host 0: ranks 0; host 1: ranks 1; host 2: ranks 2; ... 4 more; host 7: ranks 7)") != std::string::npos);
+  CHECK(folded.find("pp 0,2,4,6 (host 0, host 2, host 4, ... 4 hosts) 1,3,5,7 (host 1, host 3, host 5, ... 4 hosts);") !=
+        std::string::npos);
   // One host: no facts, no report.
   opt.host_of.clear();
   auto one = lower(*s, f.manifest, f.diags, opt);

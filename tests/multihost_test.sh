@@ -49,7 +49,7 @@ for placement in 1f1b_dp:pp 1f1b_dp_outer:dp; do
   grep -qF "across hosts: $across" "$tmp/$strategy.log" || fail "$strategy: '$across' should cross hosts: $(head -5 "$tmp/$strategy.log")"
   # The groups each axis's collectives run over, with their hosts: the crossing axis's span both.
   inside=dp; [ "$across" = dp ] && inside=pp
-  grep -qF "groups: $across 0,2 (h0, h1) 1,3 (h0, h1); $inside 0,1 (h0) 2,3 (h1)" "$tmp/$strategy.log" ||
+  grep -qF "groups: $across 0,2 (h0, h1) 1,3 (h0, h1); $inside 0-1 (h0) 2-3 (h1)" "$tmp/$strategy.log" ||
     fail "$strategy: the groups on hosts: $(head -6 "$tmp/$strategy.log")"
   same_losses "$tmp/$strategy.jsonl" "$strategy (across hosts: $across)" || fail "$strategy: losses"
   # 20 µs: the clocks are one machine's, so only the measured offsets' error is allowed beyond rounding.

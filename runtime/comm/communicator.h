@@ -18,6 +18,11 @@ struct HostMap {
   std::vector<int32_t> host_of;    // per rank
   std::vector<std::string> names;  // per host
   size_t count() const { return names.size(); }
+  // "rank 3 on host h1" ("rank 3" on one host): how reports name a rank.
+  std::string rank_label(int rank) const {
+    if (count() < 2 || static_cast<size_t>(rank) >= host_of.size()) return "rank " + std::to_string(rank);
+    return "rank " + std::to_string(rank) + " on host " + names[static_cast<size_t>(host_of[static_cast<size_t>(rank)])];
+  }
 };
 
 class Communicator {

@@ -66,11 +66,9 @@ void Executor::Impl::setup() {
   });
   threads->set_op_timeout(opt.op_timeout);
   const HostMap hosts = comm.hosts();
-  calls = std::make_unique<CallWatch>(
-      opt.op_timeout,
-      fmt::format("rank {}{}", comm.rank(), hosts.count() > 1 ? " on host " + hosts.names[size_t(hosts.host_of[size_t(comm.rank())])] : ""),
-      [this](const std::string& why) { comm.abort(why); });
-  threads->set_describe([this, hosts = comm.hosts()](ir::NodeId v) { return describe_peers(v, hosts); });
+  calls = std::make_unique<CallWatch>(opt.op_timeout, hosts.rank_label(comm.rank()),
+                                      [this](const std::string& why) { comm.abort(why); });
+  threads->set_describe([this, hosts](ir::NodeId v) { return describe_peers(v, hosts); });
   // Tensor-parallel pieces sum partials with their peers in program order: inside an overlap window
   // too (the first ready would differ between the peers).
   threads->set_in_order(queues != nullptr || !tensor_groups.empty());

@@ -194,7 +194,7 @@ std::string Executor::Impl::describe_peers(NodeId v, const HostMap& hosts) const
   auto host = [&](int r) { return hosts.names[size_t(hosts.host_of[size_t(r)])]; };
   if (n.op == Op::Send || n.op == Op::Recv) {
     const int peer = view.peers[size_t(v)].first;
-    return fmt::format("{} rank {}{}", n.op == Op::Send ? "to" : "from", peer, hosts.count() > 1 ? " on host " + host(peer) : "");
+    return fmt::format("{} {}", n.op == Op::Send ? "to" : "from", hosts.rank_label(peer));
   }
   const std::vector<int32_t> group = g.facts.mesh.group_along(comm.rank(), n.axis);
   if (group.size() < 2) return "";

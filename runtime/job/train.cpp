@@ -209,9 +209,7 @@ int train(const TrainOptions& o, Communicator& comm) {
   eo.recipe = o.recipe;
   if (eo.recipe.decay_steps <= 0) eo.recipe.decay_steps = o.steps;  // the schedule decays over the run
   Executor ex(*plan, o.model, data, comm, eo);
-  const size_t my_host = hosts.host_of.empty() ? 0 : size_t(hosts.host_of[size_t(comm.rank())]);
-  StopReport stopped(fmt::format("rank {}{}", comm.rank(), hosts.count() > 1 ? " on host " + hosts.names[my_host] : ""),
-                     [&ex] { return ex.report_now(); });
+  StopReport stopped(hosts.rank_label(comm.rank()), [&ex] { return ex.report_now(); });
   const auto& first_region = plan->manifest.regions[static_cast<size_t>(plan->manifest.sequence.front())];
   const int64_t seq = o.seq_len > 0 ? o.seq_len : first_region.input->shape[0];
   if (lead)

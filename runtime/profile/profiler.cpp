@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "runtime/exec/chunk_runner.h"
