@@ -23,6 +23,14 @@ struct HostMap {
     if (count() < 2 || static_cast<size_t>(rank) >= host_of.size()) return "rank " + std::to_string(rank);
     return "rank " + std::to_string(rank) + " on host " + names[static_cast<size_t>(host_of[static_cast<size_t>(rank)])];
   }
+  // "every rank, 0-3 on hosts h0, h1" ("every rank, 0-3" on one host): how a job-wide call is named.
+  std::string everyone_label(int ranks) const {
+    std::string s = "every rank, 0-" + std::to_string(ranks - 1);
+    if (count() < 2) return s;
+    s += " on hosts ";
+    for (size_t h = 0; h < count(); ++h) s += (h ? ", " : "") + names[h];
+    return s;
+  }
 };
 
 class Communicator {

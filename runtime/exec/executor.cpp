@@ -129,8 +129,8 @@ double Executor::Impl::pass_loss() {
     const Node& n = node(NodeId(v));
     if (n.op == Op::F && last_piece(n) && view.mine(plan, NodeId(v))) loss += losses[v];
   }
-  calls->arm(fmt::format("in step {}, the loss's all-reduce{} (every rank, 0-{})", cur_step, evaluating ? " (validation)" : "",
-                         comm.size() - 1));
+  calls->arm(fmt::format("in step {}, the loss's all-reduce{} ({})", cur_step, evaluating ? " (validation)" : "",
+                         comm.hosts().everyone_label(comm.size())));
   comm.all_reduce_sum(&loss, 1, everyone(comm), kRuntimeChannel);
   calls->disarm();
   return loss / static_cast<double>(view.replicas);

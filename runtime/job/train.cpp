@@ -126,10 +126,9 @@ void run_steps(const TrainOptions& o, Executor& ex, Communicator& comm, int64_t 
   // Between steps every rank meets every other (the metrics; a checkpoint's save): watched as the
   // plan's ops are, so a host lost there is named rather than waited for.
   CallWatch& watch = ex.calls();
-  const HostMap hosts = comm.hosts();
-  const std::string everyone_on = hosts.count() > 1 ? fmt::format(" on hosts {}", fmt::join(hosts.names, ", ")) : "";
+  const std::string everyone = comm.hosts().everyone_label(comm.size());
   auto arm = [&](int64_t s, const char* what) {
-    watch.arm(fmt::format("after step {}, {} (every rank, 0-{}{})", s + 1, what, comm.size() - 1, everyone_on));
+    watch.arm(fmt::format("after step {}, {} ({})", s + 1, what, everyone));
   };
   std::optional<TokenData> val;
   if (!o.val_data.empty() && o.eval_every > 0) val.emplace(o.val_data);
