@@ -15,7 +15,7 @@ piper() {  # piper NP OUT STRATEGY args... (OUT: its output, for messages)
 }
 # Losses of steps FROM..6 of two metrics files: the same (tolerance 0) or within TOL.
 same_losses() {  # same_losses A B FROM TOL WHAT
-  /usr/bin/python3 - "$tmp/$1" "$tmp/$2" "$3" "$4" <<'PY' || fail "$5"
+  ${PIPER_PYTHON:-/usr/bin/python3} - "$tmp/$1" "$tmp/$2" "$3" "$4" <<'PY' || fail "$5"
 import json, sys
 a, b, first, tol = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 la = {j["step"]: j["loss"] for j in map(json.loads, open(a)) if "step" in j}
@@ -76,7 +76,7 @@ grep -qE "which this model does not" "$tmp/err5.txt" || fail "another model's ch
 # --save-model: PyTorch loads it with trainable parameters holding the trained values.
 piper 4 model.txt 1f1b_zero3.piper "${zero3[@]}" --steps 2 --save-model "$tmp/trained.pt" --metrics "$tmp/model.jsonl" ||
   fail "--save-model: $(cat "$tmp/model.txt")"
-/usr/bin/python3 - "$tmp/trained.pt" "$tmp/model.jsonl" <<'PY' || fail "the saved model in PyTorch"
+${PIPER_PYTHON:-/usr/bin/python3} - "$tmp/trained.pt" "$tmp/model.jsonl" <<'PY' || fail "the saved model in PyTorch"
 import json, sys, torch
 m = torch.jit.load(sys.argv[1])
 params = list(m.parameters())

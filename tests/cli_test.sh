@@ -37,7 +37,7 @@ expect 0 "--version" -- "$check" --version
 contains out "piper-check" "version text"
 
 # A model.pt is a zip; the manifest rides along as an extra file (built here with Debian's python3 zipfile).
-/usr/bin/python3 - "$tmp/model.pt" "$gpt" <<'PY'
+${PIPER_PYTHON:-/usr/bin/python3} - "$tmp/model.pt" "$gpt" <<'PY'
 import sys, zipfile
 with zipfile.ZipFile(sys.argv[1], "w") as z:
     z.writestr("model/data.pkl", b"\x80\x02}q\x00.")
@@ -55,7 +55,7 @@ expect 0 "the emitted ast checks again" -- "$check" "$gpt" "$tmp/ast.piper"
 
 # The DAG: JSON with the documented fields, Graphviz, the pass list, printing after a pass.
 expect 0 "--emit dag-json" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --set pp=2 --set mb=2 --emit dag-json
-/usr/bin/python3 - "$tmp/out" <<'PY' || { echo "FAIL: dag-json content"; fails=$((fails + 1)); }
+${PIPER_PYTHON:-/usr/bin/python3} - "$tmp/out" <<'PY' || { echo "FAIL: dag-json content"; fails=$((fails + 1)); }
 import json, sys
 d = json.load(open(sys.argv[1]))
 n = d["nodes"][0]
@@ -78,7 +78,7 @@ contains out "  compute:  0F0 0F1 0B0[wait 0RECV_B0] 0B1[wait 0RECV_B1] 0U" "sta
 expect 0 "--emit torch-csv" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --set pp=2 --set mb=2 --emit torch-csv
 contains out "1F0,1B0,1F1,1B1" "last stage CSV line"
 expect 0 "--emit trace" -- "$check" "$gpt" "$root/strategies/dp.piper" --emit trace
-/usr/bin/python3 -c "import json,sys; e=json.load(open(sys.argv[1]))['traceEvents']; assert any(x['ph']=='X' and x['name']=='0F0' for x in e)" "$tmp/out" ||
+${PIPER_PYTHON:-/usr/bin/python3} -c "import json,sys; e=json.load(open(sys.argv[1]))['traceEvents']; assert any(x['ph']=='X' and x['name']=='0F0' for x in e)" "$tmp/out" ||
   { echo "FAIL: trace content"; fails=$((fails + 1)); }
 expect 0 "--emit svg" -- "$check" "$gpt" "$root/strategies/dualpipev.piper" --emit svg
 contains out "<svg" "svg header"
@@ -97,11 +97,11 @@ contains err "expected HOSTSxRANKS" "the usage error"
 # A machine format stays that format with --simulate: the simulation's text goes elsewhere (stdout
 # with -o, else stderr), never into the JSON.
 expect 0 "--simulate --emit sim-json -o" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --simulate --emit sim-json -o "$tmp/sim.json"
-/usr/bin/python3 -c "import json,sys; assert 'step_time' in json.load(open(sys.argv[1]))" "$tmp/sim.json" ||
+${PIPER_PYTHON:-/usr/bin/python3} -c "import json,sys; assert 'step_time' in json.load(open(sys.argv[1]))" "$tmp/sim.json" ||
   { echo "FAIL: --simulate --emit sim-json -o F: F is not the JSON:"; head -5 "$tmp/sim.json"; fails=$((fails + 1)); }
 contains out "step time" "the simulation's text on stdout beside -o"
 expect 0 "--simulate --emit sim-json" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --simulate --emit sim-json
-/usr/bin/python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$tmp/out" ||
+${PIPER_PYTHON:-/usr/bin/python3} -c "import json,sys; json.load(open(sys.argv[1]))" "$tmp/out" ||
   { echo "FAIL: --simulate --emit sim-json: stdout is not the JSON"; fails=$((fails + 1)); }
 contains err "step time" "the simulation's text on stderr when the JSON is on stdout"
 expect 2 "bad --cost" -- "$check" "$gpt" "$root/strategies/dp.piper" --cost F=x

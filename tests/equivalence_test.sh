@@ -49,7 +49,7 @@ for flag in --weight-decay --clip-grad-norm --no-decay; do
   done
   "$ref_bin" "$tmp/m.pt" --data "$root/data/corpus.txt" --steps "$steps" --batch-size 8 --lr 1e-3 --seed 0 "${plain[@]}" \
     "${ref_extra[@]}" --threads 1 --metrics "$tmp/without.jsonl" >/dev/null
-  /usr/bin/python3 - "$tmp/ref.jsonl" "$tmp/without.jsonl" "$flag" <<'PY'
+  ${PIPER_PYTHON:-/usr/bin/python3} - "$tmp/ref.jsonl" "$tmp/without.jsonl" "$flag" <<'PY'
 import json, sys
 a, b = ([json.loads(l) for l in open(p)][-1]["final_param_sumsq"] for p in sys.argv[1:3])
 assert abs(a - b) / b > 2e-5, f"{sys.argv[3]} changed nothing: {a} vs {b}"
@@ -93,14 +93,14 @@ if vals[0]:
     print(f"  {len(vals[0])} validations {vals[0][0]:.4f} -> {vals[0][-1]:.4f} equal to the reference's within {off:.1e}")
 print(f"{sys.argv[3]}: {steps} losses {ref[0]:.4f} -> {ref[-1]:.4f}, max relative difference {worst:.1e}; final parameters agree")
 PY
-/usr/bin/python3 "$tmp/compare.py" "$tmp/ref.jsonl" "$tmp/run.jsonl" "$strategy $*" "$tolerance" "$steps"
+${PIPER_PYTHON:-/usr/bin/python3} "$tmp/compare.py" "$tmp/ref.jsonl" "$tmp/run.jsonl" "$strategy $*" "$tolerance" "$steps"
 # Negative control (PIPER_NEGATIVE=tensor): the same run with that collective dropped
 # (PIPER_TEST_DROP_COLLECTIVE) must fail the comparison, so the check above can see it missing.
 if [ -n "${PIPER_NEGATIVE:-}" ]; then
   PIPER_TEST_DROP_COLLECTIVE=$PIPER_NEGATIVE timeout 300 mpirun -x PIPER_TEST_DROP_COLLECTIVE -np "$np" --oversubscribe \
     --bind-to none "$run_bin" "$tmp/m.pt" "$root/strategies/$strategy" "${common[@]}" --threads 1 \
     --metrics "$tmp/dropped.jsonl" "$@" >"$tmp/dropped.log" 2>&1 || { cat "$tmp/dropped.log"; exit 1; }
-  if /usr/bin/python3 "$tmp/compare.py" "$tmp/ref.jsonl" "$tmp/dropped.jsonl" "dropped" "$tolerance" "$steps" >/dev/null 2>&1; then
+  if ${PIPER_PYTHON:-/usr/bin/python3} "$tmp/compare.py" "$tmp/ref.jsonl" "$tmp/dropped.jsonl" "dropped" "$tolerance" "$steps" >/dev/null 2>&1; then
     echo "negative control: without its $PIPER_NEGATIVE collectives the run still matched the reference" >&2
     exit 1
   fi

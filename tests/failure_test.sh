@@ -7,7 +7,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1
-/usr/bin/python3 "$root/tests/failing_model.py" "$tmp/bad.pt" || exit 1
+${PIPER_PYTHON:-/usr/bin/python3} "$root/tests/failing_model.py" "$tmp/bad.pt" || exit 1
 # mb=2 on pp=2, then mb=4 (stage 0 blocks in a receive of a gradient that never comes: the case
 # that used to hang), then pp=2 x dp=2 (the failing stage's replica partner blocks in an all-reduce).
 for spec in "2 1f1b.piper pp=2 mb=2 4" "2 1f1b.piper pp=2 mb=4 8" "4 1f1b_dp.piper pp=2 dp=2 mb=2 8"; do

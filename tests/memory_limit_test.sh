@@ -13,7 +13,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 "$model" gpt --layers 4 --d-model 64 --ffn 256 --seq 32 -o "$tmp/m.pt" || exit 1
 args=(--set pp=2 --set mb=4 --batch-size 16)
 "$check" "$tmp/m.pt" "$root/strategies/1f1b.piper" --np 2 "${args[@]}" --emit sim-json -o "$tmp/sim.json" || exit 1
-peak=$(/usr/bin/python3 -c "import json; print(max(r['peak_bytes'] for r in json.load(open('$tmp/sim.json'))['ranks']))")
+peak=$(${PIPER_PYTHON:-/usr/bin/python3} -c "import json; print(max(r['peak_bytes'] for r in json.load(open('$tmp/sim.json'))['ranks']))")
 ok=$((peak * 11 / 10)) tight=$((peak * 9 / 10))
 attempt() {  # attempt LIMIT LOG
   timeout 120 mpirun -np 2 --oversubscribe --bind-to none "$run" "$tmp/m.pt" "$root/strategies/1f1b.piper" "${args[@]}" \

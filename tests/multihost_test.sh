@@ -21,7 +21,7 @@ common=(--data "$root/data/corpus.txt" --batch-size 8 --lr 1e-3 --seed 0 --threa
 # The losses (steps FIRST..12, by step) of a run against the reference's; its final parameters too
 # when it ran all 12.
 same_losses() {  # same_losses METRICS WHAT [FIRST]
-  /usr/bin/python3 - "$tmp/ref.jsonl" "$1" "$2" "${3:-1}" <<'PY'
+  ${PIPER_PYTHON:-/usr/bin/python3} - "$tmp/ref.jsonl" "$1" "$2" "${3:-1}" <<'PY'
 import json, sys
 rows = [[json.loads(l) for l in open(p)] for p in sys.argv[1:3]]
 first = int(sys.argv[4])
@@ -53,7 +53,7 @@ for placement in 1f1b_dp:pp 1f1b_dp_outer:dp; do
     fail "$strategy: the groups on hosts: $(head -6 "$tmp/$strategy.log")"
   same_losses "$tmp/$strategy.jsonl" "$strategy (across hosts: $across)" || fail "$strategy: losses"
   # 20 µs: the clocks are one machine's, so only the measured offsets' error is allowed beyond rounding.
-  /usr/bin/python3 "$root/tests/trace_check.py" "$tmp/$strategy.trace.json" 4 20 100 || fail "$strategy: the trace across hosts"
+  ${PIPER_PYTHON:-/usr/bin/python3} "$root/tests/trace_check.py" "$tmp/$strategy.trace.json" 4 20 100 || fail "$strategy: the trace across hosts"
 done
 
 # The users' front end makes a bed of its own beside this one: each rank on its own host.

@@ -7,7 +7,7 @@ source "$(dirname "$0")/mpi_test_lib.sh"
 check=$3
 mpirun -np 2 --oversubscribe --bind-to none "$run" "$tmp/m.pt" --profile "$tmp/machine.json" </dev/null >"$tmp/out" 2>&1 ||
   fail "--profile on two ranks: $(tail -3 "$tmp/out")"
-/usr/bin/python3 - "$tmp/machine.json" <<'PY' || fail "the two-rank machine file"
+${PIPER_PYTHON:-/usr/bin/python3} - "$tmp/machine.json" <<'PY' || fail "the two-rank machine file"
 import json, sys
 m = json.load(open(sys.argv[1]))
 c = m["calibration"]

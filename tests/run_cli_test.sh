@@ -33,7 +33,7 @@ expect 2 "STRATEGY is required" "no strategy and no --profile" -- "$run" "$tmp/m
 # --profile writes a machine description with every region measured and a calibration; training
 # and the simulator read it.
 expect 0 "wrote $tmp/machine.json" "--profile" -- "$run" "$tmp/m.pt" --profile "$tmp/machine.json" --threads 1
-/usr/bin/python3 - "$tmp/machine.json" <<'PY' || fails=$((fails + 1))
+${PIPER_PYTHON:-/usr/bin/python3} - "$tmp/machine.json" <<'PY' || fails=$((fails + 1))
 import json, sys
 m = json.load(open(sys.argv[1]))
 assert sorted(m["regions"]) == ["embed", "head", "layers.0", "layers.1"], m["regions"].keys()

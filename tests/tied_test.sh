@@ -16,7 +16,7 @@ grep -q "52 parameters" "$tmp/verify.log" || fail "verify should count the tied 
   --metrics "$tmp/ref.jsonl" >/dev/null || fail "piper-train-ref on the tied model"
 # PyTorch: the same TorchScript file and windows of the corpus, AdamW over model.parameters() (the
 # tied tensor once), cross-entropy on the next tokens (python/torch_reference.py).
-/usr/bin/python3 - "$tmp/tied.pt" "$root/data/corpus.txt" "$tmp/ref.jsonl" "$root/python" <<'PY' || fail "PyTorch and piper-train-ref disagree on the tied model"
+${PIPER_PYTHON:-/usr/bin/python3} - "$tmp/tied.pt" "$root/data/corpus.txt" "$tmp/ref.jsonl" "$root/python" <<'PY' || fail "PyTorch and piper-train-ref disagree on the tied model"
 import json, sys
 import torch
 model_path, data_path, ref_path, here = sys.argv[1:5]
@@ -41,7 +41,7 @@ timeout 120 mpirun -np 1 "$run" "$tmp/tied.pt" "$root/strategies/single.piper" "
   --metrics "$tmp/resumed.jsonl" >"$tmp/resume.log" 2>&1 || fail "resume: $(tail -3 "$tmp/resume.log")"
 timeout 120 mpirun -np 1 "$run" "$tmp/tied.pt" "$root/strategies/single.piper" "${common[@]}" --steps 6 \
   --metrics "$tmp/whole.jsonl" >/dev/null 2>&1 || fail "uninterrupted run"
-/usr/bin/python3 - "$tmp/whole.jsonl" "$tmp/resumed.jsonl" <<'PY' || fail "resumed losses differ"
+${PIPER_PYTHON:-/usr/bin/python3} - "$tmp/whole.jsonl" "$tmp/resumed.jsonl" <<'PY' || fail "resumed losses differ"
 import json, sys
 whole, resumed = ([json.loads(l) for l in open(p) if '"loss"' in l] for p in sys.argv[1:3])
 a, b = [r["loss"] for r in whole][3:], [r["loss"] for r in resumed]
@@ -49,7 +49,7 @@ assert len(b) == 3 and max(abs(x - y) / x for x, y in zip(a, b)) < 1e-5, (a, b)
 PY
 
 # A tie the manifest does not declare: refused by name, before any step.
-/usr/bin/python3 - "$tmp/tied.pt" "$tmp/undeclared.pt" <<'PY'
+${PIPER_PYTHON:-/usr/bin/python3} - "$tmp/tied.pt" "$tmp/undeclared.pt" <<'PY'
 import json, sys
 import torch
 extra = {"piper/manifest.json": ""}

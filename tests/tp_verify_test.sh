@@ -13,7 +13,7 @@ for arch in gpt moe; do
   "$model_bin" verify "$tmp/$arch.pt" --tp 2 | tee "$tmp/$arch.log"
   grep -q "regions as 2 slices summed vs whole: .*: ok" "$tmp/$arch.log"
 done
-/usr/bin/python3 "$root/tests/hardcoded_heads_model.py" "$tmp/bad.pt"
+${PIPER_PYTHON:-/usr/bin/python3} "$root/tests/hardcoded_heads_model.py" "$tmp/bad.pt"
 if "$model_bin" verify "$tmp/bad.pt" --tp 2 >"$tmp/bad.log" 2>&1; then
   cat "$tmp/bad.log"; echo "verify --tp 2 accepted a region with a hard-coded head count" >&2; exit 1
 fi

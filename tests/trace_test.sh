@@ -10,7 +10,7 @@ for strategy in 1f1b interleaved_1f1b; do
   mpirun -np 2 "$run" "$tmp/m.pt" "$root/strategies/$strategy.piper" "${sets[@]}" --batch-size 8 --steps 4 \
     --threads 1 --trace "$tmp/$strategy.json" >"$tmp/$strategy.log" 2>&1 </dev/null || { fail "$strategy: $(tail -5 "$tmp/$strategy.log")"; continue; }
   # 200 µs: one host shares one clock; this only absorbs rounding and recording order.
-  /usr/bin/python3 "$root/tests/trace_check.py" "$tmp/$strategy.json" 2 200 >/dev/null ||
+  ${PIPER_PYTHON:-/usr/bin/python3} "$root/tests/trace_check.py" "$tmp/$strategy.json" 2 200 >/dev/null ||
     fail "$strategy: the trace's ranks do not share a time axis"
 done
 finish trace_test

@@ -11,6 +11,7 @@
 #include "lang/paths.h"
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/comm/nccl_communicator.h"
+#include "runtime/device/build_info.h"
 #include "runtime/device/memory_counter.h"
 #include "runtime/exec/executor.h"
 #include "runtime/job/process_env.h"
@@ -33,7 +34,7 @@ std::optional<int> parse(int argc, char** argv, RunArgs& a, bool lead) {
   TrainOptions& t = a.train;
   t.data_path = share_dir() + "/data/corpus.txt";
   CLI::App app{"piper-run: train MODEL with STRATEGY; under mpirun, one executor per rank"};
-  app.set_version_flag("--version", std::string("piper-run ") + PIPER_VERSION);
+  app.set_version_flag("--version", fmt::format("piper-run {} ({})", PIPER_VERSION, runtime::build_info()));
   int64_t threads = 0;
   std::vector<double> betas;
   app.add_option("MODEL", t.model, "model.pt with its region manifest")->required();

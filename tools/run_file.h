@@ -31,7 +31,7 @@ class TomlRunFile : public CLI::Config {
     } catch (const toml::parse_error& e) {
       throw CLI::ConfigError(located(e.source().begin, std::string(e.description())));
     }
-    std::vector<CLI::ConfigItem> items;
+    std::vector<CLI::ConfigItem> settings_read;
     for (auto&& [key, node] : table) {
       std::string name(key.str());
       for (char& c : name) c = c == '_' ? '-' : c;  // lr_schedule or lr-schedule
@@ -46,9 +46,9 @@ class TomlRunFile : public CLI::Config {
       else
         item.inputs.push_back(scalar(node, name));
       where_[name] = fmt::format("{}:{}:{}: ", path_, node.source().begin.line, node.source().begin.column);
-      items.push_back(std::move(item));
+      settings_read.push_back(std::move(item));
     }
-    return items;
+    return settings_read;
   }
 
   // The resolved options (given, or their defaults) as TOML that from_config reads back.

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "lang/units.h"
+#include "runtime/device/torch_compat.h"
 
 namespace piper::runtime {
 
@@ -55,9 +56,9 @@ void release(void* ptr) {
   c10::free_cpu(ptr);
 }
 
-class CountingAllocator final : public c10::Allocator {
+class CountingAllocator final : public CompatAllocator {
  public:
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate_bytes(size_t n) const override {
     const int rank = t_rank;
     const auto cat = static_cast<uint8_t>(t_category);
     void* data = c10::alloc_cpu(n);
