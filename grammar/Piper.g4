@@ -30,7 +30,7 @@ block       : '{' stmt* '}' ;
 axisDef     : NAME '=' expr ;
 binding     : NAME '=' expr ;
 axisRef     : NAME ('=' expr)? ;
-streamClause: 'on' 'stream' NAME ;
+streamClause: 'on' 'stream' NAME ('sms' expr)? ;                   // sms: multiprocessors its communication may use
 shardDim    : NAME ;                                                      // tensor parallelism: heads, hidden
 
 placeTarget : 'over' axisRef placeMode?                                   # placeOver

@@ -172,6 +172,15 @@ struct HostFacts {
   }
 };
 
+// `... on stream comm sms 20;`: the communication on a stream may occupy at most `sms` of a device's
+// multiprocessors. The executor caps the communicators of that stream's collectives; the simulator
+// slows the device's compute by that share while they run.
+struct StreamSms {
+  StreamId stream = 0;
+  int64_t sms = 0;
+  SourceLoc loc;  // the `sms` clause (errors against the machine's count)
+};
+
 // Facts about the whole plan that every reader needs.
 struct PlanFacts {
   Mesh mesh;
@@ -182,6 +191,12 @@ struct PlanFacts {
   std::vector<TieFacts> ties;  // ties held by more than one stage
   std::vector<SourceLoc> overlap_locs;  // per overlap group: the order that asked for it (diagnostics)
   HostFacts hosts;
+  std::vector<StreamSms> stream_sms;  // the limited streams, by stream id
+  int64_t sms_of(StreamId s) const {  // 0: not limited
+    for (const StreamSms& x : stream_sms)
+      if (x.stream == s) return x.sms;
+    return 0;
+  }
 };
 
 }  // namespace piper::ir

@@ -86,6 +86,8 @@ std::optional<Graph> lower(const CheckedStrategy& s, const Manifest& m, Diagnost
   f.microbatches = s.microbatches;
   f.samples_per_microbatch = options.samples_per_microbatch;
   for (const auto& st : s.streams) c.graph.stream(st);
+  // A stream's multiprocessor limit is the checker's record by stream id: nothing to lower.
+  for (const StreamSmsLimit& l : s.stream_sms) f.stream_sms.push_back(StreamSms{c.graph.stream(l.stream), l.sms, l.loc});
   c.graph.node_limit = options.max_nodes;
   for (const Pass& p : passes()) {
     try {

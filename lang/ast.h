@@ -78,6 +78,13 @@ struct ParamStmt { std::string name; ExprPtr value; ParamDomain domain; };
 struct LetStmt { std::string name; ExprPtr value; };
 struct MeshStmt { std::vector<Binding> axes; };
 struct StreamStmt { std::vector<std::pair<std::string, SourceLoc>> names; };
+// `on stream NAME [sms N]`
+struct StreamClause {
+  std::string name;
+  SourceLoc loc;
+  ExprPtr sms;  // null when not given
+  SourceLoc sms_loc;
+};
 struct UseStmt { std::string path; SourceLoc path_loc; std::vector<Binding> args; };
 struct AssertStmt { ExprPtr cond; std::string message; };
 struct IfStmt { ExprPtr cond; Block then_block; Block else_block; };
@@ -90,25 +97,25 @@ struct PlaceStmt {
   ExprPtr chunks;                // interleaved(v)
   bool balanced = false;         // interleaved(v) balanced, vshape balanced: chunks cut by cost
   std::vector<Binding> coords;   // for `on pp=0, ...`
-  std::optional<std::pair<std::string, SourceLoc>> stream;
+  std::optional<StreamClause> stream;
 };
 struct ReplicateStmt {
   std::vector<Selector> regions;
   AxisRef axis;
   ExprPtr zero, bucket, prefetch;
   std::vector<Selector> unit;  // ZeRO-3's gather units, when given
-  std::optional<std::pair<std::string, SourceLoc>> stream;
+  std::optional<StreamClause> stream;
 };
 struct ShardStmt {
   std::vector<Selector> regions;
   AxisRef axis;
   std::optional<std::pair<std::string, SourceLoc>> dim;  // `over tp heads`: what a tensor shard splits
-  std::optional<std::pair<std::string, SourceLoc>> stream;
+  std::optional<StreamClause> stream;
 };
 struct SplitStmt { ExprPtr microbatches; };
 struct OrderStmt {
   std::vector<TaskGroup> chain;  // group[0] -> group[1] -> ...
-  std::optional<std::pair<std::string, SourceLoc>> stream;
+  std::optional<StreamClause> stream;
 };
 struct SequenceStmt { Block body; };  // its orders run one after another, in evaluation order
 struct RecomputeStmt { std::vector<Selector> regions; };

@@ -140,7 +140,9 @@ class Checker {
   void stmt(const ast::LetStmt& l, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void stmt(const ast::MeshStmt& m, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void stmt(const ast::StreamStmt& st, const ast::Stmt&, Env&, UseContext&, FileId);
-  std::optional<std::string> check_stream(const std::optional<std::pair<std::string, SourceLoc>>& st);
+  // The stream a statement names ("" when none), its `sms` recorded; nothing after an error.
+  std::optional<std::string> check_stream(const std::optional<ast::StreamClause>& st, const Env& env);
+  bool check_sms(const ast::StreamClause& st, const Env& env);
   std::optional<std::string> find_strategy(const std::string& path, FileId from, SourceLoc loc);
   void stmt(const ast::UseStmt& u, const ast::Stmt& s, Env& env, UseContext&, FileId file);
   const ast::File* load(const std::string& canon);

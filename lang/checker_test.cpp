@@ -145,6 +145,25 @@ TEST_CASE("the design card's line checks: experts sharded over ep=8, fwd(i) || b
   CHECK(shards[0]->regions.size() == 8);
 }
 
+TEST_CASE("`sms` on a stream: recorded once per stream (a param may give it), printed with every clause that names the stream") {
+  Front f("moe8");
+  auto s = f.check("param comm_sms = 20;\nmesh ep = 8;\nsplit batch into 4;\nreplicate * over ep on stream comm sms comm_sms;\n"
+                   "shard layers[*].moe.experts over ep on stream comm sms 20;\norder fwd(i) || bwd(i-1) on stream comm;\n");
+  REQUIRE_MESSAGE(s, f.errors());
+  REQUIRE(s->stream_sms.size() == 1);
+  CHECK(s->stream_sms[0].stream == "comm");
+  CHECK(s->stream_sms[0].sms == 20);
+  CHECK(s->stream_sms[0].loc.line == 4);
+  const std::string text = print_strategy(*s, f.manifest);
+  CHECK(text.find("shard layers[*].moe.experts over ep on stream comm sms 20;") != std::string::npos);
+  CHECK(text.find("|| bwd(0, i) on stream comm sms 20;") != std::string::npos);
+  Front again("moe8");
+  auto t = again.check(text);
+  REQUIRE_MESSAGE(t, again.errors());
+  REQUIRE(t->stream_sms.size() == 1);
+  CHECK(t->stream_sms[0].sms == 20);
+}
+
 TEST_CASE("a sequence chains its orders in evaluation order") {
   Front f;
   auto s = f.check("mesh pp = 2;\nsplit batch into 2;\nplace * over pp;\n"

@@ -31,7 +31,7 @@ void Checker::stmt(const ast::PlaceStmt& p, const ast::Stmt& s, Env& env, UseCon
   if (!sel) return;
   auto regions = to_pipeline(*sel, p.regions.front());
   if (!regions) return;
-  auto stream = check_stream(p.stream);
+  auto stream = check_stream(p.stream, env);
   if (!stream) return;
   PlaceDirective d;
   d.regions = *regions;
@@ -141,7 +141,7 @@ void Checker::stmt(const ast::ReplicateStmt& r, const ast::Stmt& s, Env& env, Us
   if (!sel) return;
   auto axis = check_axis(r.axis, env);
   if (!axis) return;
-  auto stream = check_stream(r.stream);
+  auto stream = check_stream(r.stream, env);
   if (!stream) return;
   ReplicateDirective d;
   d.regions = *sel;
@@ -221,7 +221,7 @@ void Checker::stmt(const ast::ShardStmt& sh, const ast::Stmt& s, Env& env, UseCo
   // A shard of a list spreads its members (experts); of a region with a tp layout, its tensors.
   if (sh.dim || std::none_of(sel->begin(), sel->end(), [&](RegionId r) { return m_.is_list(r); }))
     return tensor_shard(sh, s, *sel, *axis);
-  auto stream = check_stream(sh.stream);
+  auto stream = check_stream(sh.stream, env);
   if (!stream) return;
   int64_t n = axis_size(*axis);
   for (RegionId r : *sel) {
@@ -249,7 +249,7 @@ void Checker::tensor_shard(const ast::ShardStmt& sh, const ast::Stmt& s, const s
                            const std::string& axis) {
   const SourceLoc at = sh.regions.front().loc;
   if (sh.stream) {
-    diags_.error(sh.stream->second, "a tensor shard's collectives run inside its regions, on their compute stream")
+    diags_.error(sh.stream->loc, "a tensor shard's collectives run inside its regions, on their compute stream")
         .note(SourceLoc{}, "drop `on stream`: naming a stream for them is not supported yet");
     return;
   }
@@ -343,7 +343,7 @@ void names_in(const ast::Expr& e, bool whole, std::vector<std::string>& names, s
 }  // namespace
 
 void Checker::stmt(const ast::OrderStmt& o, const ast::Stmt& s, Env& env, UseContext&, FileId) {
-  auto stream = check_stream(o.stream);
+  auto stream = check_stream(o.stream, env);
   if (!stream) return;
   if (orders_run_++ >= kMaxOrderStatements) {
     if (!budget_reported_) {

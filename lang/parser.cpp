@@ -259,9 +259,14 @@ class Builder {
     return ast::ShardStmt{selectors(p->selectors()), axis_ref(p->axisRef()), std::move(dim), stream(p->streamClause())};
   }
 
-  std::optional<std::pair<std::string, SourceLoc>> stream(G::StreamClauseContext* c) {
+  std::optional<ast::StreamClause> stream(G::StreamClauseContext* c) {
     if (!c) return std::nullopt;
-    return std::make_pair(c->NAME()->getText(), tok_loc(f_, c->NAME()->getSymbol()));
+    ast::StreamClause s{c->NAME()->getText(), tok_loc(f_, c->NAME()->getSymbol()), nullptr, {}};
+    if (auto* e = c->expr()) {
+      s.sms = expr(e);
+      s.sms_loc = ctx_loc(f_, e);
+    }
+    return s;
   }
 
   std::vector<ast::Selector> selectors(G::SelectorsContext* c) {

@@ -38,7 +38,7 @@ TEST_CASE("statements parse into the syntax tree") {
   const auto& rep = std::get<ast::ReplicateStmt>(p.file->stmts[3]->node);
   CHECK(rep.regions[0].whole_model);
   CHECK(rep.bucket->int_value == 25 << 20);
-  CHECK(rep.stream->first == "comm");
+  CHECK(rep.stream->name == "comm");
   const auto& shard = std::get<ast::ShardStmt>(p.file->stmts[4]->node);
   CHECK(shard.regions[0].parts.size() == 3);
   CHECK(shard.axis.size->int_value == 8);

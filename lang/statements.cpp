@@ -153,14 +153,43 @@ void Checker::stmt(const ast::StreamStmt& st, const ast::Stmt&, Env&, UseContext
   }
 }
 
-std::optional<std::string> Checker::check_stream(const std::optional<std::pair<std::string, SourceLoc>>& st) {
+std::optional<std::string> Checker::check_stream(const std::optional<ast::StreamClause>& st, const Env& env) {
   if (!st) return std::string("");
-  if (streams_.count(st->first)) return st->first;
-  std::vector<std::string> names;
-  for (auto& [n, _] : streams_) names.push_back(n);
-  diags_.error(st->second, fmt::format("unknown stream '{}'{}", st->first, did_you_mean(st->first, names)))
-      .note(SourceLoc{}, fmt::format("declare it first with `stream {};` (built in: compute, comm)", st->first));
-  return std::nullopt;
+  if (!streams_.count(st->name)) {
+    std::vector<std::string> names;
+    for (auto& [n, _] : streams_) names.push_back(n);
+    diags_.error(st->loc, fmt::format("unknown stream '{}'{}", st->name, did_you_mean(st->name, names)))
+        .note(SourceLoc{}, fmt::format("declare it first with `stream {};` (built in: compute, comm)", st->name));
+    return std::nullopt;
+  }
+  if (st->sms && !check_sms(*st, env)) return std::nullopt;
+  return st->name;
+}
+
+// `on stream comm sms 20`: a positive count, not on the compute stream (the model's own kernels are
+// what the limit leaves room for), one count per stream. Whether the device has that many is the
+// machine's to say (sched::compile_plan checks it against the machine file).
+bool Checker::check_sms(const ast::StreamClause& st, const Env& env) {
+  auto n = eval_int(*st.sms, env, "a multiprocessor count");
+  if (!n) return false;
+  if (*n < 1) {
+    diags_.error(st.sms_loc, fmt::format("a stream's communication needs at least one multiprocessor, not {}", *n));
+    return false;
+  }
+  if (st.name == "compute") {
+    diags_.error(st.sms_loc, "`sms` limits a communication stream; 'compute' runs the model's own kernels")
+        .note(SourceLoc{}, "name the stream that carries the collectives, e.g. `on stream comm sms 20`");
+    return false;
+  }
+  for (const StreamSmsLimit& l : out_.stream_sms)
+    if (l.stream == st.name) {
+      if (l.sms == *n) return true;
+      diags_.error(st.sms_loc, fmt::format("stream '{}' is limited to {} multiprocessors here but to {} before", st.name, *n, l.sms))
+          .note(l.loc, "first limited here");
+      return false;
+    }
+  out_.stream_sms.push_back(StreamSmsLimit{st.name, *n, st.sms_loc});
+  return true;
 }
 
 void Checker::stmt(const ast::AssertStmt& a, const ast::Stmt& s, Env& env, UseContext&, FileId) {

@@ -70,7 +70,14 @@ std::string print_regions(const std::vector<RegionId>& regions, const Manifest& 
 }
 
 namespace {
-std::string stream_clause(const std::string& s) { return s.empty() ? "" : " on stream " + s; }
+using SmsLimits = std::vector<StreamSmsLimit>;
+// ` on stream comm sms 20`: a limited stream's count goes with every clause that names it.
+std::string stream_clause(const std::string& s, const SmsLimits& sms) {
+  if (s.empty()) return "";
+  for (const StreamSmsLimit& l : sms)
+    if (l.stream == s) return fmt::format(" on stream {} sms {}", s, l.sms);
+  return " on stream " + s;
+}
 
 // `base + i * step` as Piper text, for a task argument that advances by `step` per loop iteration.
 std::string progression(int64_t base, int64_t step) {
@@ -82,7 +89,7 @@ std::string progression(int64_t base, int64_t step) {
 }
 
 // An order's text with each task argument `base + i * step` (steps all 0: the instance itself).
-std::string order_text(const OrderDirective& x, const OrderDirective* next) {
+std::string order_text(const OrderDirective& x, const OrderDirective* next, const SmsLimits& sms) {
   std::vector<std::string> groups;
   for (size_t g = 0; g < x.chain.size(); ++g) {
     std::vector<std::string> tasks;
@@ -94,7 +101,7 @@ std::string order_text(const OrderDirective& x, const OrderDirective* next) {
     }
     groups.push_back(fmt::format("{}", fmt::join(tasks, " || ")));
   }
-  return fmt::format("order {}{};", fmt::join(groups, " -> "), stream_clause(x.stream));
+  return fmt::format("order {}{};", fmt::join(groups, " -> "), stream_clause(x.stream, sms));
 }
 
 const OrderDirective* as_order(const Directive& d) { return std::get_if<OrderDirective>(&d.body); }
@@ -118,19 +125,19 @@ bool continues(const OrderDirective& a, const OrderDirective& b, const OrderDire
 // Orders are recorded one instance each (loops unrolled, free variables bound). Printing them so
 // would make a 50,000-iteration loop megabytes of text that no longer checks (the parser's size
 // limit), so a run of three or more instances in arithmetic progression prints as one loop.
-size_t print_orders(const std::vector<Directive>& ds, size_t i, std::string& out) {
+size_t print_orders(const std::vector<Directive>& ds, size_t i, const SmsLimits& sms, std::string& out) {
   const OrderDirective& first = *as_order(ds[i]);
   size_t j = i + 1;
   if (j + 1 < ds.size() && as_order(ds[j]) && as_order(ds[j + 1]) && continues(first, *as_order(ds[j]), *as_order(ds[j + 1]))) {
     while (j + 1 < ds.size() && as_order(ds[j + 1]) && continues(*as_order(ds[j - 1]), *as_order(ds[j]), *as_order(ds[j + 1]))) ++j;
-    out += fmt::format("for i in 0..{} {{ {} }}\n", j - i, order_text(first, as_order(ds[i + 1])));
+    out += fmt::format("for i in 0..{} {{ {} }}\n", j - i, order_text(first, as_order(ds[i + 1]), sms));
     return j + 1;
   }
-  out += order_text(first, nullptr) + "\n";
+  out += order_text(first, nullptr, sms) + "\n";
   return i + 1;
 }
 
-std::string directive_text(const Directive& d, const Manifest& m) {
+std::string directive_text(const Directive& d, const Manifest& m, const SmsLimits& sms) {
   return std::visit(
       [&](const auto& x) -> std::string {
         using T = std::decay_t<decltype(x)>;
@@ -145,22 +152,22 @@ std::string directive_text(const Directive& d, const Manifest& m) {
             case PlaceDirective::Mode::VShape: target = fmt::format("over {} vshape{}", x.axis, x.balanced ? " balanced" : ""); break;
             case PlaceDirective::Mode::Balanced: target = fmt::format("over {} balanced", x.axis); break;
           }
-          return fmt::format("place {} {}{};\n", print_regions(x.regions, m), target, stream_clause(x.stream));
+          return fmt::format("place {} {}{};\n", print_regions(x.regions, m), target, stream_clause(x.stream, sms));
         } else if constexpr (std::is_same_v<T, ReplicateDirective>) {
           std::string out = fmt::format("replicate {} over {}", print_regions(x.regions, m), x.axis);
           if (x.zero) out += fmt::format(" zero {}", x.zero);
           if (x.bucket_bytes) out += fmt::format(" bucket {}", x.bucket_bytes);
           if (!x.units.empty()) out += fmt::format(" unit {}", print_regions(x.units, m));
           if (x.zero == 3 && x.prefetch != 1) out += fmt::format(" prefetch {}", x.prefetch);
-          return out + stream_clause(x.stream) + ";\n";
+          return out + stream_clause(x.stream, sms) + ";\n";
         } else if constexpr (std::is_same_v<T, ShardDirective>) {
-          return fmt::format("shard {} over {}{};\n", print_regions(x.regions, m), x.axis, stream_clause(x.stream));
+          return fmt::format("shard {} over {}{};\n", print_regions(x.regions, m), x.axis, stream_clause(x.stream, sms));
         } else if constexpr (std::is_same_v<T, TensorShardDirective>) {
           return fmt::format("shard {} over {} {};\n", print_regions(x.regions, m), x.axis, x.dim);
         } else if constexpr (std::is_same_v<T, SplitDirective>) {
           return fmt::format("split batch into {};\n", x.microbatches);
         } else if constexpr (std::is_same_v<T, OrderDirective>) {
-          return order_text(x, nullptr) + "\n";
+          return order_text(x, nullptr, sms) + "\n";
         } else if constexpr (std::is_same_v<T, RecomputeDirective>) {
           return fmt::format("recompute {};\n", print_regions(x.regions, m));
         } else if constexpr (std::is_same_v<T, PrecisionDirective>) {
@@ -192,9 +199,9 @@ std::string print_strategy(const CheckedStrategy& s, const Manifest& m) {
   if (!s.streams.empty()) out += fmt::format("stream {};\n", fmt::join(s.streams, ", "));
   for (size_t i = 0; i < s.directives.size();) {
     if (as_order(s.directives[i])) {
-      i = print_orders(s.directives, i, out);
+      i = print_orders(s.directives, i, s.stream_sms, out);
     } else {
-      out += directive_text(s.directives[i], m);
+      out += directive_text(s.directives[i], m, s.stream_sms);
       ++i;
     }
   }

@@ -102,9 +102,17 @@ struct Stage {
 
 inline constexpr const char* kBuiltinStreams[] = {"compute", "comm"};
 
+// `on stream comm sms 20`: the stream's communication limited to that many multiprocessors.
+struct StreamSmsLimit {
+  std::string stream;
+  int64_t sms = 0;
+  SourceLoc loc;  // the `sms` clause
+};
+
 struct CheckedStrategy {
   Mesh mesh;  // its axes in declaration order, and the world
   std::vector<std::string> streams;
+  std::vector<StreamSmsLimit> stream_sms;  // one per limited stream, first statement's location
   std::vector<std::pair<std::string, std::string>> params;  // final values as written (42, true), first declaration order
   int64_t microbatches = 1;
   std::string pipeline_axis;  // "" when nothing is placed

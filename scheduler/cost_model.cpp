@@ -83,11 +83,14 @@ std::optional<Machine> parse_machine(FileId file, const SourceManager& sources, 
     if (!link(j["network_collectives"], l)) return fail("\"network_collectives\": expected {\"bandwidth\": bytes/s per rank, \"latency\": s}");
     m.network_collectives = l;
   }
-  if (j.contains("ranks_per_host")) {
-    if (!j["ranks_per_host"].is_number_integer() || j["ranks_per_host"].get<int64_t>() < 1)
-      return fail("\"ranks_per_host\" must be a positive integer");
-    m.ranks_per_host = j["ranks_per_host"].get<int64_t>();
-  }
+  auto count = [&](const char* key, int64_t& out) {  // absent, or a positive integer
+    if (!j.contains(key)) return true;
+    if (!j[key].is_number_integer() || j[key].get<int64_t>() < 1) return false;
+    out = j[key].get<int64_t>();
+    return true;
+  };
+  if (!count("sms", m.sms)) return fail("\"sms\": the device's streaming multiprocessors, a positive integer");
+  if (!count("ranks_per_host", m.ranks_per_host)) return fail("\"ranks_per_host\" must be a positive integer");
   if (j.contains("calibration")) {
     const json& c = j["calibration"];
     auto factor = [&](const char* k, double& out) { return !c.contains(k) || (number(c, k, out, true) && out > 0); };

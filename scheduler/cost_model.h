@@ -32,6 +32,7 @@ struct Machine {
   double flops = 0;             // sustained FLOP/s per device for the model's precision
   double memory_bytes = 0;      // device memory
   double memory_bandwidth = 0;  // bytes/s, for the optimizer update
+  int64_t sms = 0;              // streaming multiprocessors per device (0: not stated; `sms` unpriced)
   Link default_link;                 // inside a host
   std::map<std::string, Link> axes;  // per mesh axis, e.g. pp across nodes, dp inside a node
   // Between hosts (per rank: a host's network bandwidth over the ranks that use it at once), for a

@@ -205,3 +205,50 @@ TEST_CASE("two tiers: handoffs and collectives that cross hosts are priced on th
   CHECK(price(own, ir::Op::AllReduce) < price(dp_across, ir::Op::AllReduce) / 100);
   CHECK(price(own, ir::Op::Send) == doctest::Approx(price(dp_across, ir::Op::Send)));
 }
+
+namespace {
+// Seconds of compute on rank 0 during which communication on `stream` runs on rank 0 too.
+double overlapped(const Plan& p, const std::string& stream) {
+  const int32_t cls = p.schedule.class_of_rank(0);
+  const auto& g = p.dag;
+  double sum = 0;
+  for (size_t c = 0; c < g.nodes.size(); ++c) {
+    if (p.schedule.node_class[c] != cls || g.streams[g.nodes[c].stream] != "compute") continue;
+    for (size_t m = 0; m < g.nodes.size(); ++m)
+      if (p.schedule.node_class[m] == cls && g.streams[g.nodes[m].stream] == stream && !ir::is_chunk(g.nodes[m].op))
+        sum += std::max(0.0, std::min(p.schedule.finish[c], p.schedule.finish[m]) - std::max(p.schedule.start[c], p.schedule.start[m]));
+  }
+  return sum;
+}
+}  // namespace
+
+TEST_CASE("`sms`: compute beside a limited stream's communication runs slower by the share it holds, and past the device it is an error") {
+  auto dp = [](const std::string& clause, const std::string& machine, Planner& f) {
+    MachineFile file(machine);
+    PlanOptions opt;
+    opt.cmd.batch_size = 8;
+    opt.machine_path = file.path;
+    return f.compile("mesh dp = 2;\nreplicate * over dp bucket 64KiB on stream comm" + clause + ";\n", opt);
+  };
+  Planner a("gpt8"), b("gpt8"), c("gpt8"), d("gpt8");
+  const std::string machine = profiled_machine(R"(, "sms": 100)");
+  const auto free = dp("", machine, a);
+  const auto limited = dp(" sms 25", machine, b);
+  const auto unpriced = dp(" sms 25", profiled_machine(), c);  // the machine does not say how many it has
+  REQUIRE(free);
+  REQUIRE(limited);
+  REQUIRE(unpriced);
+  // The bucketed all-reduces run beside the backward; each second of it costs the compute 25/100 s.
+  const double beside = overlapped(*free, "comm");
+  CHECK(beside > 0);
+  CHECK(limited->schedule.sms_delay == doctest::Approx(0.25 * beside));
+  CHECK(limited->schedule.step_time > free->schedule.step_time);
+  CHECK(limited->dag.facts.sms_of(1) == 25);  // comm: stream 1 of every graph (ir::Graph::streams)
+  CHECK(unpriced->schedule.step_time == doctest::Approx(free->schedule.step_time));
+  CHECK(unpriced->schedule.sms_delay == 0);
+  // As many as the device has leaves none for compute: refused at the clause.
+  CHECK_FALSE(dp(" sms 100", machine, d));
+  CHECK(d.errors().find("stream 'comm' may use 100 multiprocessors, but a device of 'test' has 100 (none left for compute)") !=
+        std::string::npos);
+  CHECK(d.errors().find("<test>.piper:2:") != std::string::npos);
+}

@@ -255,6 +255,9 @@ std::string simulate_report(const ir::Graph& g, const Schedule& s, const std::ve
                      100 * sum_bubble / double(std::max<size_t>(1, s.classes.size())), human_bytes(max_peak),
                      budget > 0 ? fmt::format(" (budget {})", human_bytes(budget)) : "");
   out += fmt::format("  validation step (forward only, piper-run --eval-every) {}\n", human_time(forward_only_time(g, s), unit_costs));
+  if (s.sms_delay > 0)
+    out += fmt::format("  compute slowed by the multiprocessors limited streams hold (`sms`): {} on the slowest rank\n",
+                       human_time(s.sms_delay, unit_costs));
   return out;
 }
 
@@ -268,7 +271,8 @@ std::string emit_sim_json(const ir::Graph& g, const Schedule& s, const std::vect
     ranks.push_back({{"rank", r}, {"peak_bytes", mem[r].peak}, {"busy", c >= 0 ? stats[static_cast<size_t>(c)].busy : 0.0},
                      {"idle", c >= 0 ? stats[static_cast<size_t>(c)].idle : 0.0}, {"by_category", by}});
   }
-  return nlohmann::json{{"step_time", s.step_time}, {"eval_step_time", forward_only_time(g, s)}, {"ranks", ranks}}.dump(1) + "\n";
+  return nlohmann::json{{"step_time", s.step_time}, {"eval_step_time", forward_only_time(g, s)}, {"sms_delay", s.sms_delay}, {"ranks", ranks}}
+             .dump(1) + "\n";
 }
 
 }  // namespace piper::sched

@@ -38,6 +38,7 @@ uint64_t plan_hash(const ir::Graph& g, const Schedule& s) {
     h = fnv(h, fmt::format("stage {} {} regions {};", st.coord, st.chunk, fmt::join(st.regions, ",")));
     for (const auto& u : st.replication.units) h = fnv(h, fmt::format("unit {}-{};", u.begin, u.end));
   }
+  for (const auto& l : f.stream_sms) h = fnv(h, fmt::format("sms {} {};", g.streams[l.stream], l.sms));  // communicators differ
   return fnv(h, fmt::format("world={} mb={} samples={}", f.mesh.world(), f.microbatches, f.samples_per_microbatch));
 }
 
@@ -100,6 +101,20 @@ void check_budget(const Plan& p, double budget, DiagnosticEngine& diags) {
     for (const Note& n : culprit->used_from) d.notes.push_back(n);
 }
 
+// `sms N` on a stream: at most the device's multiprocessors, as the machine file states them (a
+// machine that does not say is not checked, and the limit goes unpriced).
+bool sms_fit(const ir::Graph& g, const Machine& machine, const PlanOptions& o, DiagnosticEngine& diags) {
+  bool ok = true;
+  for (const ir::StreamSms& l : g.facts.stream_sms)
+    if (machine.sms > 0 && l.sms >= machine.sms) {
+      diags.error(l.loc, fmt::format("stream '{}' may use {} multiprocessors, but a device of '{}' has {}{}", g.streams[l.stream],
+                                     l.sms, machine.name, machine.sms, l.sms == machine.sms ? " (none left for compute)" : ""))
+          .note(SourceLoc{}, fmt::format("the machine's `sms`, in {}", o.machine_path.empty() ? "its description" : o.machine_path));
+      ok = false;
+    }
+  return ok;
+}
+
 // The machine's measured region costs for `balanced` placement (F + B at one sample), which the
 // lowering's cut pass weighs.
 std::map<std::string, double> region_costs(const std::optional<Machine>& machine) {
@@ -130,6 +145,10 @@ PlanResult compile_checked(PlanResult r, const PlanOptions& o, const std::option
   auto g = ir::lower(s, *r.manifest, diags, lo);
   r.timings.lower_s = since(t);
   if (!g) {
+    r.status = PlanStatus::Invalid;
+    return r;
+  }
+  if (machine && !sms_fit(*g, *machine, o, diags)) {
     r.status = PlanStatus::Invalid;
     return r;
   }

@@ -38,6 +38,9 @@ struct Schedule {
   // that consumer is next (the executor and the deadlock check honour these like edges).
   std::vector<std::vector<ir::NodeId>> issue_after;
   double step_time = 0;
+  // `sms` limits: compute seconds added on the slowest class by the multiprocessors its limited
+  // communication held while both ran (sm_share_delay); 0 when nothing is limited or priced.
+  double sms_delay = 0;
   int32_t class_of_rank(int32_t rank) const;
 };
 
@@ -48,6 +51,11 @@ struct Schedule {
 // overlap that depend on each other) as a deadlock, located at the order that asked for the
 // overlap, and returns nothing.
 std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, DiagnosticEngine& diags);
+
+// Per node: the seconds a compute op loses to communication on a stream limited to N of the device's
+// `device_sms` multiprocessors (ir::PlanFacts::stream_sms) that ran beside it in `s`; empty when
+// there is none (nothing limited, or the machine does not state its multiprocessors).
+std::vector<double> sm_share_delay(const ir::Graph& g, const Schedule& s, int64_t device_sms);
 
 // Validation: the simulated time of a forward-only step (ir::forward_only's ops) — each class's
 // programs restricted to those ops in their order, each op as long as in the step's timeline.

@@ -155,8 +155,9 @@ void mark_windows(const std::vector<int32_t>& group, StreamProgram& p) {
 // microbatch, stage and node. Phases: resources, just-in-time gathers, pricing, the loop, emission.
 class ListScheduler {
  public:
-  ListScheduler(const ir::Graph& g, const CostModel& costs, DiagnosticEngine& diags)
-      : g_(g), costs_(costs), diags_(diags), n_(g.nodes.size()), adj_(g.adjacency()) {}
+  // `delay`: seconds added to each node's cost (sm_share_delay), or empty.
+  ListScheduler(const ir::Graph& g, const CostModel& costs, DiagnosticEngine& diags, std::vector<double> delay = {})
+      : g_(g), costs_(costs), diags_(diags), n_(g.nodes.size()), adj_(g.adjacency()), delay_(std::move(delay)) {}
 
   std::optional<Schedule> run() {
     assign_resources();
@@ -286,7 +287,7 @@ class ListScheduler {
   double cost_of(NodeId m) const {
     double c = costs_.cost(g_, g_.nodes[at(m)], group_size(g_.nodes[at(m)]), share_[at(m)]);
     if (NodeId f = recomputed_[at(m)]; f >= 0) c += costs_.cost(g_, g_.nodes[at(f)], group_size(g_.nodes[at(f)]), share_[at(f)]);
-    return c;
+    return delay_.empty() ? c : c + delay_[at(m)];
   }
 
   bool anchor_waits(NodeId a) const { return pending_[at(a)] > gathers_pending_[at(a)]; }
@@ -437,6 +438,9 @@ class ListScheduler {
       if (s_.node_class[a] == s_.node_class[b] && g_.nodes[a].stream != g_.nodes[b].stream) s_.waits[b].push_back(e.src);
     }
     for (size_t v = 0; v < n_; ++v) s_.step_time = std::max(s_.step_time, s_.finish[v]);
+    std::vector<double> per_class(s_.classes.size(), 0.0);
+    for (size_t v = 0; v < delay_.size(); ++v) per_class[static_cast<size_t>(s_.node_class[v])] += delay_[v];
+    for (double d : per_class) s_.sms_delay = std::max(s_.sms_delay, d);
   }
 
   const ir::Graph& g_;
@@ -444,6 +448,7 @@ class ListScheduler {
   DiagnosticEngine& diags_;
   const size_t n_;
   const ir::Graph::Adjacency adj_;
+  const std::vector<double> delay_;
   Schedule s_;
   std::vector<std::pair<int32_t, ir::StreamId>> resources_;  // (class, stream)
   std::vector<int32_t> resource_;                            // per node
@@ -461,7 +466,14 @@ class ListScheduler {
 }  // namespace
 
 std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, DiagnosticEngine& diags) {
-  return ListScheduler(g, costs, diags).run();
+  auto s = ListScheduler(g, costs, diags).run();
+  // `sms` limits: the compute that ran beside limited communication, slowed, and scheduled again
+  // (the same DAG, so the second run cannot fail where the first did not).
+  const int64_t device_sms = costs.machine_desc() ? costs.machine_desc()->sms : 0;
+  if (!s) return s;
+  auto delay = sm_share_delay(g, *s, device_sms);
+  if (delay.empty()) return s;
+  return ListScheduler(g, costs, diags, std::move(delay)).run();
 }
 
 }  // namespace piper::sched

@@ -70,6 +70,10 @@ class Communicator {
   // Declares a group before its first collective, so a backend can build its communicator up front
   // (every member declares its groups in the same sorted order, from one thread).
   virtual void prepare_group(const std::vector<int>& group, int channel) {}
+  // The plan's `sms N` on the stream whose collectives use (group, channel): their communicator may
+  // occupy at most N of the device's multiprocessors (NCCL: ncclConfig_t.maxCTAs). Said before
+  // prepare_group, by every member alike; backends without multiprocessors ignore it.
+  virtual void limit_sms(const std::vector<int>& group, int channel, int sms) {}
   // Where the ranks run (the MPI backend asks MPI which ranks share a node); one host by default.
   virtual HostMap hosts() const { return HostMap{std::vector<int32_t>(static_cast<size_t>(size()), 0), {"localhost"}}; }
   // The largest message tag send/recv accept.

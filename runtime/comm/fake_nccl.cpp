@@ -67,10 +67,11 @@ class FakeNccl : public NcclApi {
     std::memcpy(id.data(), &v, sizeof v);
     return id;
   }
-  NcclComm init_comm(int nranks, const NcclUniqueId& uid, int rank) override {
+  NcclComm init_comm(int nranks, const NcclUniqueId& uid, int rank, int max_ctas) override {
     const long id = id_of(uid);
     std::unique_lock lk(s_->mu);
-    s_->log[rank_].push_back(fmt::format("init nranks={} rank={} id={}", nranks, rank, id));
+    s_->log[rank_].push_back(fmt::format("init nranks={} rank={} id={}{}", nranks, rank, id,
+                                         max_ctas > 0 ? fmt::format(" max_ctas={}", max_ctas) : ""));
     ++s_->joined[id];
     s_->cv.notify_all();
     s_->cv.wait(lk, [&] { return s_->joined[id] >= nranks || !s_->async_error.empty(); });

@@ -17,7 +17,8 @@ class FakeNcclWorld {
   std::unique_ptr<NcclApi> api(int rank);
   // From now on every communicator reports this asynchronous error (a failed peer or link).
   void inject_async_error(const std::string& message);
-  // What `rank` asked for, in order: "unique_id <n>", "init nranks=<k> rank=<i> id=<n>", "abort id=<n>".
+  // What `rank` asked for, in order: "unique_id <n>", "init nranks=<k> rank=<i> id=<n>[ max_ctas=<c>]",
+  // "abort id=<n>".
   std::vector<std::string> log(int rank) const;
 
   struct State;

@@ -44,13 +44,17 @@ class CudaNccl : public NcclApi {
     std::memcpy(out.data(), id.internal, out.size());
     return out;
   }
-  NcclComm init_comm(int nranks, const NcclUniqueId& id, int rank) override {
+  NcclComm init_comm(int nranks, const NcclUniqueId& id, int rank, int max_ctas) override {
     // Every thread that talks to the device uses this rank's device.
     check(cudaSetDevice(device_), "cudaSetDevice");
     ncclUniqueId nid;
     std::memcpy(nid.internal, id.data(), id.size());
     ncclComm_t c = nullptr;
-    check(ncclCommInitRank(&c, nranks, nid, rank), "ncclCommInitRank");
+    // NCCL runs each channel as one CTA on its own multiprocessor: capping the CTAs caps the
+    // multiprocessors its kernels take from compute (`sms` in the strategy).
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    if (max_ctas > 0) config.maxCTAs = max_ctas;
+    check(ncclCommInitRankConfig(&c, nranks, nid, rank, &config), "ncclCommInitRankConfig");
     return c;
   }
   void destroy_comm(NcclComm c) override { check(ncclCommDestroy(comm(c)), "ncclCommDestroy"); }

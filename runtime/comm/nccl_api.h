@@ -23,8 +23,9 @@ class NcclApi {
   virtual ~NcclApi() = default;
   virtual std::string describe() const = 0;  // library version and device, for logs
   virtual NcclUniqueId unique_id() = 0;
-  // Blocks until all `nranks` members have called it with the same id (ncclCommInitRank).
-  virtual NcclComm init_comm(int nranks, const NcclUniqueId& id, int rank) = 0;
+  // Blocks until all `nranks` members have called it with the same id (ncclCommInitRankConfig).
+  // `max_ctas` > 0 caps the thread blocks (so multiprocessors) its kernels take; 0: NCCL's default.
+  virtual NcclComm init_comm(int nranks, const NcclUniqueId& id, int rank, int max_ctas) = 0;
   virtual void destroy_comm(NcclComm comm) = 0;
   virtual void abort_comm(NcclComm comm) = 0;      // unblocks work stuck in it (ncclCommAbort)
   virtual std::string async_error(NcclComm comm) = 0;  // "" while healthy (ncclCommGetAsyncError)

@@ -71,6 +71,8 @@ class NcclCommunicator : public Communicator {
   int size() const override { return boot_->size(); }
   int max_tag() const override { return std::numeric_limits<int>::max(); }  // tags travel in the header
 
+  void limit_sms(const std::vector<int>& group, int channel, int sms) override { max_ctas_[{group, channel}] = sms; }
+
   void prepare_group(const std::vector<int>& group, int channel) override {
     auto key = std::make_pair(group, channel);
     if (groups_.count(key)) return;
@@ -84,7 +86,9 @@ class NcclCommunicator : public Communicator {
     } else {
       boot_->recv(id.data(), id.size(), group.front(), kGroupIdTag);
     }
-    NcclComm c = api_->init_comm(static_cast<int>(group.size()), id, me);
+    // A limited stream's communicator gets at most that many CTAs: NCCL runs one per multiprocessor.
+    const auto cap = max_ctas_.find(key);
+    NcclComm c = api_->init_comm(static_cast<int>(group.size()), id, me, cap == max_ctas_.end() ? 0 : cap->second);
     groups_[key] = std::make_unique<Channel>(*api_, c, api_->create_stream());
   }
 
@@ -268,7 +272,7 @@ class NcclCommunicator : public Communicator {
       } else {
         boot_->recv(id.data(), id.size(), src, kPeerIdTag);
       }
-      NcclComm c = api_->init_comm(2, id, sender ? 0 : 1);
+      NcclComm c = api_->init_comm(2, id, sender ? 0 : 1, 0);
       slot->ch = std::make_unique<Channel>(*api_, c, api_->create_stream());
       std::lock_guard lk(peers_mu_);
       peer_comms_.push_back(c);  // for abort, which must not read a slot still being filled
@@ -279,6 +283,7 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<Communicator> boot_;
   std::unique_ptr<NcclApi> api_;
   std::map<std::pair<std::vector<int>, int>, std::unique_ptr<Channel>> groups_;  // written before streams start
+  std::map<std::pair<std::vector<int>, int>, int> max_ctas_;  // limit_sms, read by prepare_group
   struct PeerSlot {
     std::once_flag once;
     std::unique_ptr<Channel> ch;

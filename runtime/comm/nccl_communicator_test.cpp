@@ -52,6 +52,19 @@ TEST_CASE("NCCL communicators are created in the declared order, each from its f
   CHECK(world.log(2) == std::vector<std::string>{"init nranks=3 rank=2 id=1", "init nranks=2 rank=1 id=3"});
 }
 
+TEST_CASE("a group whose stream is limited to N multiprocessors gets a communicator capped at N CTAs") {
+  FakeNcclWorld world;
+  auto errors = on_ranks(2, world, [](Communicator& c) {
+    c.limit_sms({0, 1}, 4, 20);  // the expert channel, say: `shard ... on stream comm sms 20`
+    c.prepare_group({0, 1}, 1);  // another channel of the same ranks: not limited
+    c.prepare_group({0, 1}, 4);
+  });
+  CHECK(errors == std::vector<std::string>(2));
+  CHECK(world.log(0) == std::vector<std::string>{"unique_id 1", "init nranks=2 rank=0 id=1", "unique_id 2",
+                                                 "init nranks=2 rank=0 id=2 max_ctas=20"});
+  CHECK(world.log(1) == std::vector<std::string>{"init nranks=2 rank=1 id=1", "init nranks=2 rank=1 id=2 max_ctas=20"});
+}
+
 TEST_CASE("NCCL collectives on host buffers: all-reduce, uneven reduce-scatter and all-gather, all-to-all-v") {
   FakeNcclWorld world;
   const std::vector<int> group{0, 1, 2};

@@ -124,6 +124,7 @@ class DeviceSynced : public Communicator {
     in_.all_to_all_v(send, send_bytes, recv, recv_bytes, group, channel);
   }
   void prepare_group(const std::vector<int>& group, int channel) override { in_.prepare_group(group, channel); }
+  void limit_sms(const std::vector<int>& group, int channel, int sms) override { in_.limit_sms(group, channel, sms); }
   int max_tag() const override { return in_.max_tag(); }
   [[noreturn]] void abort(const std::string& why) override {
     in_.abort(why);

@@ -58,6 +58,8 @@ void Executor::Impl::setup() {
   torch::manual_seed(opt.seed * 1000003ull + static_cast<uint64_t>(comm.rank()));
   check_inputs();
   assemble_stages();
+  // Limits first: a communicator is made with its multiprocessor cap (`sms`) or not at all.
+  for (const auto& [key, sms] : view.group_sms) comm.limit_sms(key.first, key.second, sms);
   for (const auto& [group, channel] : view.groups) comm.prepare_group(group, channel);
   index_dataflow();
   threads = std::make_unique<StreamThreads>(g, view.program(plan), view.local_preds, comm.rank(), [this](size_t k) {

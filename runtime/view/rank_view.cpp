@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 
 namespace piper::runtime {
@@ -38,6 +39,39 @@ void tensor_group(const Mesh& mesh, int rank, RankView& v, StageView& sv) {
   if (sv.facts->tp.axis < 0 || sv.facts->tp.ways <= 1) return;
   for (int32_t r : mesh.group_along(rank, sv.facts->tp.axis)) sv.tp_group.push_back(r);
   v.groups.insert({sv.tp_group, tensor_channel(sv.stage)});
+}
+}  // namespace
+
+namespace {
+// `on stream comm sms N` (facts.stream_sms): the group and channel of each collective this rank runs on
+// a limited stream get that limit (the smallest, when streams with different limits share one).
+void limited_groups(const sched::Plan& p, const std::vector<int>& everyone, RankView& v) {
+  const ir::Graph& g = p.dag;
+  for (size_t n = 0; n < g.nodes.size(); ++n) {
+    const Node& x = g.nodes[n];
+    const int64_t sms = g.facts.sms_of(x.stream);
+    if (sms <= 0 || !v.mine(p, static_cast<NodeId>(n)) || ir::is_chunk(x.op) || x.op == Op::Send || x.op == Op::Recv) continue;
+    std::optional<std::pair<std::vector<int>, int>> key;
+    const auto st = v.stages.find(x.stage);
+    switch (x.payload) {
+      case ir::Payload::Grad:
+      case ir::Payload::Param:
+        if (st != v.stages.end()) key = {st->second.dp_group, kReplicaChannel};
+        break;
+      case ir::Payload::Dispatch:
+      case ir::Payload::Combine:
+        if (st != v.stages.end() && !st->second.experts.empty()) key = {st->second.experts.begin()->second.group, kExpertChannel};
+        break;
+      case ir::Payload::Tied:
+        if (auto t = v.ties.find(x.bucket); t != v.ties.end()) key = {t->second.group, kTieChannel};
+        break;
+      case ir::Payload::Norm: key = {everyone, kNormChannel}; break;
+      default: break;
+    }
+    if (!key || !v.groups.count(*key)) continue;
+    auto [it, fresh] = v.group_sms.emplace(*key, static_cast<int>(sms));
+    if (!fresh) it->second = std::min(it->second, static_cast<int>(sms));
+  }
 }
 }  // namespace
 
@@ -115,6 +149,7 @@ RankView make_rank_view(const sched::Plan& p, int rank, int world, int max_tag) 
   v.groups.insert({everyone, kRuntimeChannel});
   if (std::any_of(g.nodes.begin(), g.nodes.end(), [](const ir::Node& n) { return n.payload == ir::Payload::Norm; }))
     v.groups.insert({everyone, kNormChannel});  // the global norm: its own sequence, during the step
+  limited_groups(p, everyone, v);
 
   // Each send pairs with the receive at the same position of the peer class; both ends compute the
   // tag from the send node.

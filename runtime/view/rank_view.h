@@ -73,6 +73,9 @@ struct RankView {
   std::map<int32_t, TieView> ties;  // by the manifest's tie index
   // Every collective group this rank joins, with its channel, in one global order (sorted).
   std::set<std::pair<std::vector<int>, int>> groups;
+  // Of those, the ones whose collectives run on a stream the plan limits to N multiprocessors
+  // (ir::PlanFacts::stream_sms): the smallest N of the streams that use the group.
+  std::map<std::pair<std::vector<int>, int>, int> group_sms;
 
   const sched::ClassProgram& program(const sched::Plan& p) const { return p.schedule.classes[static_cast<size_t>(cls)]; }
   bool mine(const sched::Plan& p, ir::NodeId v) const { return p.schedule.node_class[static_cast<size_t>(v)] == cls; }

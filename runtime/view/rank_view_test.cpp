@@ -136,3 +136,23 @@ TEST_CASE("a rank outside the plan's world is refused") {
   auto plan = f.plan("use \"dp.piper\";\n", {"dp=2"}, "", 2);
   CHECK_THROWS_WITH(make_rank_view(plan, 0, 3, 1 << 30), doctest::Contains("the plan is for 2 ranks"));
 }
+
+TEST_CASE("`sms` on a stream limits the communicators of the collectives that run on it, and no others") {
+  Planner f("moe8");
+  // DualPipeV x EP with the experts' all-to-alls on a stream of their own, limited to 20
+  // multiprocessors; the replicas' all-reduces stay on comm, unlimited.
+  auto plan = f.plan("param ep = 2;\nuse \"dualpipev.piper\";\nmesh ep = ep;\nstream a2a;\n"
+                     "replicate * over ep bucket 25MiB on stream comm;\n"
+                     "shard layers[*].moe.experts over ep on stream a2a sms 20;\n",
+                     {"pp=2", "mb=4"}, "", 4);
+  for (int rank = 0; rank < 4; ++rank) {
+    CAPTURE(rank);
+    const RankView v = make_rank_view(plan, rank, 4, 1 << 30);
+    REQUIRE(v.group_sms.size() == 1);
+    const auto& [key, sms] = *v.group_sms.begin();
+    CHECK(key.second == kExpertChannel);
+    CHECK(sms == 20);
+    CHECK(v.groups.count(key) == 1);
+    CHECK(std::find(key.first.begin(), key.first.end(), rank) != key.first.end());
+  }
+}
