@@ -23,6 +23,7 @@ As a command (the factory returns the model; the example input is zeros of the g
     python3 piper_export.py my_model:build --example-shape 1,64 --sequence embed layers head -o model.pt
 """
 import argparse
+import copy
 import importlib
 import json
 import math
@@ -204,23 +205,86 @@ def build_manifest(model, example, sequence, regions=(), kinds=None, name=None, 
     }
 
 
-def export(model, example, path, sequence, regions=(), kinds=None, name=None, names=None):
-    """Script the model, measure the manifest, save both to ``path``. Returns the manifest.
-    ``sequence`` and ``regions`` are module paths; ``names`` renames them (see region_name)."""
+def export(model, example, path, sequence, regions=(), kinds=None, name=None, names=None, capture="script"):
+    """Capture the model as TorchScript, measure the manifest, save both to ``path``. Returns the
+    manifest. ``sequence`` and ``regions`` are module paths; ``names`` renames them (see region_name).
+    ``capture``: "script" (torch.jit.script: control flow and training/eval kept) or "trace"
+    (torch.jit.trace on the example: for code TorchScript cannot compile, such as nanoGPT's flash
+    attention call; see _trace for what tracing freezes and how it is checked)."""
     manifest = build_manifest(model, example, sequence, regions, kinds, name, names)
     region_names = [r["name"] for r in manifest["regions"]]
     if len(set(region_names)) != len(region_names):
         raise ExportError(f"names maps two modules to one region name: {sorted(region_names)}")
+    if capture not in ("script", "trace"):
+        raise ExportError(f"capture is 'script' or 'trace', not {capture!r}")
     was_training = model.training
     model.train()  # saved in training mode: piper-run trains it (dropout as the model says)
     try:
-        scripted = torch.jit.script(model)
+        captured = _trace(model, example, sequence) if capture == "trace" else torch.jit.script(model)
+    except ExportError:
+        raise
     except Exception as e:  # TorchScript's errors are long; keep the first lines
-        raise ExportError("the model cannot be scripted with torch.jit.script:\n" + "\n".join(str(e).splitlines()[:12]))
+        raise ExportError("the model cannot be scripted with torch.jit.script:\n" + "\n".join(str(e).splitlines()[:12]) +
+                          "\n(code TorchScript cannot compile can be traced instead: capture=\"trace\", docs/models.md)") from None
     finally:
         model.train(was_training)
-    torch.jit.save(scripted, path, _extra_files={MANIFEST_FILE: json.dumps(manifest, indent=1)})
+    torch.jit.save(captured, path, _extra_files={MANIFEST_FILE: json.dumps(manifest, indent=1)})
     return manifest
+
+
+def _with_module(root, path, module):
+    """A shallow copy of ``root`` whose submodule at ``path`` is ``module``: the modules on the way are
+    copied (their other children and parameters shared), the user's model is left as it is."""
+    head, _, rest = path.partition(".")
+    top = copy.copy(root)
+    top._modules = dict(root._modules)
+    top._modules[head] = module if not rest else _with_module(root._modules[head], rest, module)
+    return top
+
+
+def _trace(model, example, sequence):
+    """Each sequence region traced on its own input, the model's forward scripted around them (so it
+    must be scriptable: export_chain's is). Regions are traced one by one because a whole-model trace
+    passes a tied parameter into the second region that uses it as an argument, and a region must run
+    on its own. Tracing records the ops one run takes: Python control flow, `self.training` tests and
+    dropout probabilities are frozen as they were (training mode), tensor sizes stay symbolic. Piper
+    runs the same modules for training and (in eval mode) validation at other batch sizes, so the
+    result is checked against the model itself: in eval mode (where a frozen training-mode branch,
+    dropout > 0, would differ) and at twice the example's batch."""
+    captured = model
+    with torch.no_grad():
+        model.eval()
+        x = example
+        inputs = {}
+        for r in sequence:
+            inputs[r] = x
+            x = model.get_submodule(r)(x)
+        model.train()
+        for r in sequence:
+            traced = torch.jit.trace(model.get_submodule(r), inputs[r], check_trace=False)
+            captured = _with_module(captured, r, traced)
+    try:
+        scripted = torch.jit.script(captured)
+    except Exception as e:
+        raise ExportError("capture=\"trace\" traces each region and scripts the model's forward around them, and "
+                          "that forward does not script (export_chain builds one that does):\n" +
+                          "\n".join(str(e).splitlines()[:8])) from None
+    with torch.no_grad():
+        model.eval()
+        scripted.eval()
+        bigger = torch.cat([example, example])
+        for x, what in ((example, "in eval mode"), (bigger, f"at batch {bigger.shape[0]} (the example's is {example.shape[0]})")):
+            try:
+                want, got = model(x), scripted(x)
+            except Exception as e:
+                raise ExportError(f"the traced model fails {what}: {str(e).splitlines()[0]}") from None
+            if want.shape != got.shape or not torch.allclose(want, got, atol=1e-5, rtol=1e-5):
+                raise ExportError(f"the traced model differs from the model {what}: tracing froze a branch or a size "
+                                  "(dropout > 0 or a `self.training` test; a constant batch in view/reshape); export with "
+                                  "dropout 0 and sizes from x.size(), or make the model scriptable")
+        model.train()
+        scripted.train()
+    return scripted
 
 
 class TokenEmbedding(torch.nn.Module):
@@ -255,6 +319,21 @@ class Steps(torch.nn.Module):
         return x
 
 
+class RotaryBlock(torch.nn.Module):
+    """A block that takes rotary position embeddings from a module the model shares among its blocks
+    (Hugging Face's Llama, Mistral, Qwen: ``layer(x, position_embeddings=rotary(x, positions))``),
+    as a region: activation in, activation out. The shared module holds no parameters, only its
+    frequencies, so each block carrying it adds nothing to train or tie."""
+
+    def __init__(self, block, rotary):
+        super().__init__()
+        self.block, self.rotary = block, rotary
+
+    def forward(self, x):
+        positions = torch.arange(x.size(1), device=x.device).unsqueeze(0)
+        return self.block(x, position_embeddings=self.rotary(x, positions))
+
+
 class Chain(torch.nn.Module):
     """The root export_chain builds: embed, the blocks, the head, in order; every position's logits."""
 
@@ -270,14 +349,16 @@ class Chain(torch.nn.Module):
 
 
 def export_chain(model, example, path, embed, blocks, head, positions=None, embed_after=(), regions_in_block=(),
-                 name=None):
+                 name=None, capture="script", rotary=None):
     """Exports a model whose own forward does not chain regions — nanoGPT's embeds inline and returns
     only the last position's logits when it has no targets — without the user writing modules:
     ``embed`` (the token embedding's path), ``positions`` (the position embedding's, or None) and
     ``embed_after`` (paths applied after them, e.g. dropout) become the region ``embed``; ``blocks``
     (a ModuleList's path) the regions ``layers.i``; ``head`` (paths applied in order, e.g. the final
     norm and the output projection) the region ``head``. The model's own modules are used, not copied:
-    a head that shares the token embedding's matrix stays tied. For nanoGPT::
+    a head that shares the token embedding's matrix stays tied. ``rotary``: the path of a module the
+    blocks share for rotary position embeddings (each block then becomes a RotaryBlock). ``capture``:
+    see export. For nanoGPT::
 
         export_chain(gpt, torch.zeros(1, 64, dtype=torch.long), "model.pt", embed="transformer.wte",
                      positions="transformer.wpe", embed_after=["transformer.drop"], blocks="transformer.h",
@@ -291,6 +372,13 @@ def export_chain(model, example, path, embed, blocks, head, positions=None, embe
         raise ExportError(f"export_chain: {e}") from None
     if not isinstance(chain.layers, torch.nn.ModuleList):
         raise ExportError(f"export_chain: blocks '{blocks}' is a {type(chain.layers).__name__}, expected a ModuleList")
+    if rotary:
+        try:
+            shared = get(rotary)
+        except AttributeError as e:
+            raise ExportError(f"export_chain: {e}") from None
+        chain.layers = torch.nn.ModuleList([RotaryBlock(b, shared) for b in chain.layers])
+        regions_in_block = [f"block.{r}" for r in regions_in_block]
     chain.train(model.training)
     n = len(chain.layers)
     left = {id(p) for p in model.parameters()} - {id(p) for p in chain.parameters()}
@@ -300,7 +388,7 @@ def export_chain(model, example, path, embed, blocks, head, positions=None, embe
                           "positions, embed_after, blocks or head")
     return export(chain, example, path, expand(chain, "embed", "layers", "head"),
                   regions=[f"layers.{i}.{r}" for i in range(n) for r in regions_in_block], kinds={"layers": "block"},
-                  name=name or type(model).__name__)
+                  name=name or type(model).__name__, capture=capture)
 
 
 def main(argv=None):

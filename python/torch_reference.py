@@ -16,9 +16,11 @@ def nanogpt_lr(step, lr, warmup, decay_steps, min_lr):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
 
-def pytorch_losses(model_path, data_path, seq, batch, steps, seed=0, recipe=None):
+def pytorch_losses(model_path, data_path, seq, batch, steps, seed=0, recipe=None, logits_of=None):
     """PyTorch itself trains a model.pt on the windows piper-run reads (runtime/model/data.cpp's sampler):
-    AdamW over model.parameters() (a tied tensor once), cross-entropy on the next tokens. With
+    AdamW over model.parameters() (a tied tensor once), cross-entropy on the next tokens. `model_path`
+    may also be the eager module itself, with `logits_of(module, tokens)` where its forward returns
+    more than the logits (Hugging Face's: `.logits`). With
     `recipe` (dict: lr, warmup, min_lr, betas, weight_decay, clip), nanoGPT's: two groups (decay on
     parameters of two or more dimensions), its cosine schedule over `steps`, clip_grad_norm_; then
     returns (losses, global norms) instead of the losses."""
@@ -29,7 +31,9 @@ def pytorch_losses(model_path, data_path, seq, batch, steps, seed=0, recipe=None
         x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
         return x ^ (x >> 31)
     raw = open(data_path, "rb").read()
-    m = torch.jit.load(model_path)
+    m = torch.jit.load(model_path) if isinstance(model_path, str) else model_path
+    m.train()
+    logits_of = logits_of or (lambda module, tokens: module(tokens))
     params = list(m.parameters())
     for p in params:
         p.requires_grad_(True)
@@ -45,7 +49,7 @@ def pytorch_losses(model_path, data_path, seq, batch, steps, seed=0, recipe=None
         starts = [mix(mix(seed) ^ (step * batch + k)) % (len(raw) - seq) for k in range(batch)]
         t = torch.tensor([list(raw[s:s + seq + 1]) for s in starts], dtype=torch.long)
         opt.zero_grad(set_to_none=True)
-        logits = m(t[:, :-1])
+        logits = logits_of(m, t[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), t[:, 1:].reshape(-1))
         loss.backward()
         if recipe:
