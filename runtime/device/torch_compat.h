@@ -2,6 +2,7 @@
 // one place: the rest of the code is written once, against these names.
 #pragma once
 #include <c10/core/Allocator.h>
+#include <torch/csrc/autograd/function.h>  // Edge and the complete Node its handle needs
 #include <torch/version.h>
 
 #include <cstring>
@@ -20,5 +21,9 @@ class CompatAllocator : public c10::Allocator {
   c10::DataPtr allocate(size_t n) const override { return allocate_bytes(n); }
 #endif
 };
+
+// An autograd graph node's handle, as an Edge holds it: std::shared_ptr<Node> up to 2.14,
+// c10::intrusive_ptr<Node> from 2.15.
+using AutogradNodePtr = decltype(torch::autograd::Edge::function);
 
 }  // namespace piper::runtime

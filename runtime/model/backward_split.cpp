@@ -7,6 +7,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "runtime/device/torch_compat.h"
+
 namespace piper::runtime {
 
 using torch::autograd::Edge;
@@ -80,14 +82,14 @@ std::vector<torch::Tensor> backward_inputs(const std::vector<torch::Tensor>& out
   const auto marks = mark(roots, input_nodes);
 
   // The branch points, and the edges into them whose gradients BI captures.
-  std::vector<std::shared_ptr<Node>> branches;
+  std::vector<AutogradNodePtr> branches;
   std::unordered_set<Node*> seen;
-  auto visit = [&](const std::shared_ptr<Node>& n) { return seen.insert(n.get()).second; };
-  std::vector<std::shared_ptr<Node>> todo;
+  auto visit = [&](const AutogradNodePtr& n) { return seen.insert(n.get()).second; };
+  std::vector<AutogradNodePtr> todo;
   for (const Edge& r : roots)
     if (r.is_valid() && marks.at(r.function.get()).input && visit(r.function)) todo.push_back(r.function);
   while (!todo.empty()) {
-    std::shared_ptr<Node> n = std::move(todo.back());
+    AutogradNodePtr n = std::move(todo.back());
     todo.pop_back();
     bool branch = false;
     for (const Edge& e : n->next_edges()) {
