@@ -4,7 +4,8 @@
 # single (1 rank), ZeRO-1 (dp=2) and DualPipeV (pp=2) they are within 1e-5. A checkpoint saved by
 # plain DP loads into ZeRO-3 shards. Corrupt, partial and mismatched checkpoints are refused with
 # a clear message; a save that died half-way is ignored. --save-model writes a model.pt that
-# PyTorch loads (trainable parameters, the trained values) and piper-run trains from.
+# PyTorch loads (trainable parameters, the trained values) and piper-run trains from. A tensor-parallel
+# run asking for any of them is refused before its first step.
 source "$(dirname "$0")/mpi_test_lib.sh"
 "$model_bin" gpt --layers 2 --d-model 32 --ffn 64 --seq 16 -o "$tmp/other.pt" >/dev/null
 common=(--data "$root/data/corpus.txt" --batch-size 8 --lr 1e-2 --threads 1)
@@ -68,6 +69,14 @@ expect_error "rank-00002.bin is missing or truncated" "a partial checkpoint" -- 
 expect_error "no complete checkpoint" "an empty folder" -- 1 err3.txt single.piper --steps 4 --resume "$tmp/none"
 expect_error "saved with optimizer adamw, this run uses sgd" "another optimizer" -- 1 err4.txt single.piper --steps 4 \
   --resume "$tmp/ck" --optimizer sgd
+# Tensor-parallel slices are not saved yet: each of --checkpoint, --resume and --save-model is refused
+# before any step is spent, with the reason, and nothing is written.
+for flag in "--checkpoint $tmp/tp_ck" "--resume $tmp/ck" "--save-model $tmp/tp.pt"; do
+  # shellcheck disable=SC2086  # the flag and its value
+  expect_error "do not save tensor-parallel slices yet" "tp=2 with ${flag%% *}" -- 2 err_tp.txt tp.piper --steps 2 $flag
+  grep -q "step *1/" "$tmp/err_tp.txt" && fail "tp=2 with ${flag%% *}: a step ran before the refusal"
+done
+[ ! -e "$tmp/tp_ck" ] && [ ! -e "$tmp/tp.pt" ] || fail "a refused tensor-parallel run wrote something"
 if timeout 60 "$run" "$tmp/other.pt" "$root/strategies/single.piper" "${common[@]}" --steps 4 --resume "$tmp/ck" >"$tmp/err5.txt" 2>&1; then
   fail "another model's checkpoint: succeeded"
 fi
