@@ -40,9 +40,7 @@ void tensor_group(const Mesh& mesh, int rank, RankView& v, StageView& sv) {
   for (int32_t r : mesh.group_along(rank, sv.facts->tp.axis)) sv.tp_group.push_back(r);
   v.groups.insert({sv.tp_group, tensor_channel(sv.stage)});
 }
-}  // namespace
 
-namespace {
 // `on stream comm sms N` (facts.stream_sms): the group and channel of each collective this rank runs on
 // a limited stream get that limit (the smallest, when streams with different limits share one).
 void limited_groups(const sched::Plan& p, const std::vector<int>& everyone, RankView& v) {
