@@ -123,7 +123,7 @@ def build_manifest(model, example, sequence, regions=(), kinds=None, name=None, 
         if r in sequence:
             continue
         def hook(mod, inputs, output, r=r):
-            shapes.setdefault(r, (inputs[0], output))
+            shapes.setdefault(r, (inputs[0] if inputs else None, output))  # None: called by keyword only
         hooks.append(m.register_forward_hook(hook))
     was_training = model.training
     model.eval()  # dropout off while the chain is compared with the whole
@@ -146,6 +146,11 @@ def build_manifest(model, example, sequence, regions=(), kinds=None, name=None, 
         for h in hooks:
             h.remove()
         model.train(was_training)  # the caller's mode, as it was
+    for r, (i, _) in shapes.items():
+        if i is None:
+            raise ExportError(f"region '{region_name(r, names)}' (module {r}) is called with keyword arguments only "
+                              "(e.g. hidden_states=...): a region takes its activation as its first positional argument; "
+                              "name a module that does, or leave it out of the regions")
     if not isinstance(whole, torch.Tensor):
         raise ExportError(f"the model's forward returned {describe(whole)}; expected one [batch, seq, vocab] tensor "
                           "(the logits of every position)")

@@ -151,8 +151,17 @@ def hugging_face(tools, tmp):
                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
                                          bos_token_id=0, eos_token_id=0))
     path = os.path.join(tmp, "llama.pt")
-    piper_export.export_chain(llama, example, path, embed="model.embed_tokens", blocks="model.layers",
-                              head=["model.norm", "lm_head"], rotary="model.rotary_emb", capture="trace")
+    m = piper_export.export_chain(llama, example, path, embed="model.embed_tokens", blocks="model.layers",
+                                  head=["model.norm", "lm_head"], rotary="model.rotary_emb", capture="trace",
+                                  regions_in_block=["mlp"])
+    assert "layers.1.block.mlp" in [r["name"] for r in m["regions"]], m["regions"]
+    try:  # transformers calls its attention by keyword (hidden_states=...): not a region
+        piper_export.export_chain(llama, example, path, embed="model.embed_tokens", blocks="model.layers",
+                                  head=["model.norm", "lm_head"], rotary="model.rotary_emb", capture="trace",
+                                  regions_in_block=["self_attn"])
+        raise AssertionError("a region called by keyword only was accepted")
+    except piper_export.ExportError as e:
+        assert "'layers.0.block.self_attn' (module layers.0.block.self_attn) is called with keyword arguments only" in str(e), e
     with torch.no_grad():
         tokens = torch.randint(0, 256, (2, 32))
         assert torch.allclose(torch.jit.load(path)(tokens), llama(tokens).logits, atol=1e-5)
