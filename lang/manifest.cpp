@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <charconv>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -240,6 +241,7 @@ class Loader {
       }
     }
     if (j.contains("tp") && !tensor_layout(j["tp"], where + ".tp", r)) return false;
+    if (j.contains("work") && !work(j["work"], where + ".work", j.contains("flops"), r)) return false;
     if (!r.tp && std::any_of(r.params.begin(), r.params.end(), [](const ParamSpec& p) { return p.sharded(); }))
       return fail(where, "parameters say how they shard, but the region has no \"tp\" layout"), false;
     insert(m, std::move(r));
@@ -263,6 +265,53 @@ class Loader {
     if (spec.shape[static_cast<size_t>(spec.shard_dim)] % spec.shard_blocks != 0)
       return fail(at, fmt::format("dimension {} ({}) does not split into {} blocks", spec.shard_dim,
                                   spec.shape[static_cast<size_t>(spec.shard_dim)], spec.shard_blocks)), false;
+    return true;
+  }
+
+  // `"work": [{"op": "gemm", "m": 512, "n": 1536, "k": 512, "shard": "n"}, {"op": "attention", ...},
+  // {"op": "memory", "elements": 1024}]`: what the region's forward is made of (Work).
+  bool work(const json& j, const std::string& at, bool has_flops, Region& r) {
+    if (!j.is_array()) return fail(at, "expected an array of {\"op\": \"gemm\"|\"attention\"|\"memory\", ...}"), false;
+    double total = 0;
+    for (size_t i = 0; i < j.size(); ++i) {
+      const json& w = j[i];
+      const std::string wi = fmt::format("{}[{}]", at, i);
+      auto count = [&](const char* key, int64_t& out) {
+        if (!w.contains(key) || !w[key].is_number_integer() || w[key].get<int64_t>() < 1)
+          return fail(wi, fmt::format("\"{}\" must be a positive integer", key)), false;
+        out = w[key].get<int64_t>();
+        return true;
+      };
+      Work x;
+      const std::string op = w.is_object() ? w.value("op", "") : "";
+      if (op == "gemm") {
+        x.kind = Work::Kind::Gemm;
+        if (!count("m", x.m) || !count("n", x.n) || !count("k", x.k)) return false;
+      } else if (op == "attention") {
+        x.kind = Work::Kind::Attention;
+        if (!count("heads", x.heads) || !count("head_dim", x.head_dim) || !count("q", x.q) || !count("kv", x.kv)) return false;
+        x.v_dim = x.head_dim;
+        if (w.contains("v_dim") && !count("v_dim", x.v_dim)) return false;
+        x.causal = w.value("causal", false);
+      } else if (op == "memory") {
+        x.kind = Work::Kind::Memory;
+        if (!count("elements", x.elements)) return false;
+      } else {
+        return fail(wi, "expected {\"op\": \"gemm\"|\"attention\"|\"memory\", ...}"), false;
+      }
+      // Attention's heads always divide over tp; a product or memory work only where it says how.
+      const std::string sh = w.is_object() ? w.value("shard", "") : "";
+      if (x.kind != Work::Kind::Attention && sh != "" && sh != "n" && sh != (x.kind == Work::Kind::Gemm ? "k" : "n"))
+        return fail(wi + ".shard", x.kind == Work::Kind::Gemm ? "expected \"n\" (column-parallel) or \"k\" (row-parallel)"
+                                                              : "expected \"n\" (the elements divide over tp)"), false;
+      x.shard = x.kind == Work::Kind::Attention ? 'n' : sh.empty() ? 0 : sh[0];
+      total += x.flops();
+      r.work.push_back(x);
+    }
+    const double stated = static_cast<double>(r.flops);
+    if (!has_flops) r.flops = static_cast<int64_t>(total);
+    else if (std::abs(stated - total) > 1e-6 * std::max(stated, total))
+      return fail(at, fmt::format("adds up to {:.0f} FLOPs per sample, but the region's \"flops\" says {:.0f}", total, stated)), false;
     return true;
   }
 
@@ -345,6 +394,18 @@ class Loader {
   std::map<std::string, RegionId> index_;
 };
 }  // namespace
+
+double Work::flops() const {
+  switch (kind) {
+    case Kind::Gemm: return 2.0 * double(m) * double(n) * double(k);
+    case Kind::Attention: {
+      const double all = 2.0 * double(q) * double(kv) * double(heads) * double(head_dim + v_dim);
+      return causal ? all / 2 : all;
+    }
+    case Kind::Memory: return 0;
+  }
+  return 0;
+}
 
 std::optional<DType> dtype_from_name(std::string_view name) {
   for (auto [n, t] : kDTypes)

@@ -62,6 +62,23 @@ struct RegionMemory {
   std::optional<Measured> split_held;
 };
 
+// One piece of a region's forward, per sample, for the roofline cost model (docs/manifest.md,
+// `work`): a matrix product [m x k]·[k x n] (m: rows per sample, the tokens; `shard`: the
+// dimension tensor parallelism divides, 'n' column-parallel, 'k' row-parallel, 0 replicated),
+// attention's score and value products (flash attention: `heads` query heads of `head_dim`,
+// `q` queries against `kv` keys, causal or not), or memory-bound work moving `elements` values
+// (norms, activations, residuals) read and written; attention and `shard` "n" memory divide over tp.
+struct Work {
+  enum class Kind { Gemm, Attention, Memory } kind = Kind::Gemm;
+  int64_t m = 0, n = 0, k = 0;
+  char shard = 0;
+  int64_t heads = 0, head_dim = 0, v_dim = 0, q = 0, kv = 0;
+  bool causal = false;
+  int64_t elements = 0;
+  // Forward FLOPs per sample: 2mnk; attention 2·q·kv·heads·(head_dim + v_dim), half when causal.
+  double flops() const;
+};
+
 struct Region {
   std::string name;     // full dotted name; "" for the root
   std::string leaf;     // last name component ("3" for layers.3)
@@ -72,6 +89,7 @@ struct Region {
   std::vector<ParamSpec> params;   // parameters owned directly by this region
   std::optional<TensorSpec> input, output;
   int64_t flops = 0;  // forward FLOPs per sample for this region alone
+  std::vector<Work> work;  // what the flops are made of (optional; the roofline prices it)
   std::optional<TensorLayout> tp;  // set when the region can be sharded over a tensor-parallel axis
   std::optional<RegionMemory> memory;       // measured activation memory, running the region (subtree) alone
   std::optional<RegionMemory> memory_bf16;  // the same with bf16 parameters and activations
