@@ -5,7 +5,10 @@
 
 #include <fstream>
 #include <iostream>
+#include <optional>
+#include <tuple>
 
+#include "lang/model_shapes.h"
 #include "runtime/model/model_zoo.h"
 #include "runtime/model/region_memory.h"
 #include "runtime/model/region_model.h"
@@ -35,8 +38,82 @@ bool verify_tensor_parallel(piper::runtime::RegionModel& m, const std::string& p
   return ok;
 }
 
+// `verify`: the regions chained against the whole model, then (with --tp) each region as slices.
+bool verify_model(const std::string& path, int64_t batch, int64_t tp) {
+  piper::runtime::RegionModel m(path);
+  auto r = m.check_regions(batch, 0);
+  bool ok = r.max_output_diff <= 1e-5 && r.max_grad_diff <= 1e-5;
+  fmt::print("{}: {} regions, {} parameters; loss {:.4f}; whole vs chained: max |output diff| {:.3g}, "
+             "max |grad diff| {:.3g}: {}\n",
+             path, r.regions, r.parameters, r.loss, r.max_output_diff, r.max_grad_diff, ok ? "ok" : "MISMATCH");
+  if (tp > 0) ok = verify_tensor_parallel(m, path, tp, batch) && ok;
+  return ok;
+}
+
+// `piper-model llama|deepseek`: a published shape (--preset) or one of its own, as a manifest for
+// planning (lang/model_shapes.h); every size option overrides the preset's.
+struct ShapeCommand {
+  std::string preset, out;
+  bool manifest_only = false, tie = false;
+  std::vector<std::pair<int64_t piper::ShapeConfig::*, std::optional<int64_t>>> sizes;
+  CLI::App* sub = nullptr;
+
+  void add(CLI::App& app, const std::string& family) {
+    const bool moe = family == "deepseek";
+    sub = app.add_subcommand(family, moe ? "DeepSeek-style mixture of experts (latent attention, shared and routed experts): a manifest for planning"
+                                         : "Llama-style dense transformer (GQA, SwiGLU, RMSNorm, RoPE): a manifest for planning");
+    std::string presets;
+    for (const auto& n : piper::shape_presets())
+      if ((n.rfind("deepseek", 0) == 0) == moe) presets += (presets.empty() ? "" : ", ") + n;
+    sub->add_option("--preset", preset, "a published configuration: " + presets + " (default: the first; size options override it)");
+    using C = piper::ShapeConfig;
+    std::vector<std::tuple<const char*, int64_t C::*, const char*>> opts = {
+        {"--layers", &C::layers, "transformer blocks"}, {"--d-model", &C::d_model, "hidden size"},
+        {"--heads", &C::heads, "query heads"}, {"--kv-heads", &C::kv_heads, "key/value heads (grouped-query attention)"},
+        {"--head-dim", &C::head_dim, "per-head size (default d-model / heads)"}, {"--ffn", &C::ffn, "dense MLP inner size"},
+        {"--vocab", &C::vocab, "vocabulary"}, {"--seq", &C::seq, "sequence length"}};
+    if (moe)
+      opts.insert(opts.end(), {{"--experts", &C::experts, "routed experts per layer"}, {"--top-k", &C::top_k, "experts per token"},
+                               {"--shared-experts", &C::shared_experts, "shared experts (every token)"},
+                               {"--expert-ffn", &C::expert_ffn, "an expert's inner size"},
+                               {"--dense-layers", &C::dense_layers, "leading layers with a dense MLP"},
+                               {"--q-lora", &C::q_lora, "latent attention: query bottleneck"},
+                               {"--kv-lora", &C::kv_lora, "latent attention: key/value bottleneck"},
+                               {"--qk-rope-dim", &C::qk_rope_dim, "latent attention: per-head RoPE part"},
+                               {"--qk-nope-dim", &C::qk_nope_dim, "latent attention: per-head part without RoPE"},
+                               {"--v-head-dim", &C::v_head_dim, "latent attention: per-head value size"}});
+    sizes.reserve(opts.size());
+    for (const auto& [flag, member, help] : opts) {
+      sizes.push_back({member, std::nullopt});
+      sub->add_option(flag, sizes.back().second, help);
+    }
+    sub->add_flag("--tie-embeddings", tie, "the output projection is the token embedding");
+    sub->add_option("-o,--output", out, "the manifest .json to write")->required();
+    sub->add_flag("--manifest-only", manifest_only, "write the region manifest (required: these shapes are for planning)");
+  }
+
+  int run(const std::string& family) const {
+    if (!manifest_only)
+      throw std::runtime_error(family + " shapes are for planning: pass --manifest-only (the zoo's trainable models are gpt and moe)");
+    // Without --preset: the family's first published shape (llama3-8b, deepseek-v3), sizes overridden.
+    const std::string base = !preset.empty() ? preset : family == "llama" ? "llama3-8b" : "deepseek-v3";
+    piper::ShapeConfig c;
+    {
+      auto p = piper::shape_preset(base);
+      if (!p || p->family != family) throw std::runtime_error(fmt::format("--preset: no {} configuration '{}'", family, preset));
+      c = *p;
+    }
+    for (const auto& [member, value] : sizes)
+      if (value) c.*member = *value;
+    c.tie_embeddings = c.tie_embeddings || tie;
+    std::ofstream f(out);
+    if (!(f << piper::shape_manifest_json(c))) throw std::runtime_error("cannot write " + out);
+    return 0;
+  }
+};
+
 int main(int argc, char** argv) {
-  CLI::App app{"piper-model: build GPT and MoE models with their region manifest, or verify a model.pt"};
+  CLI::App app{"piper-model: build GPT and MoE models with their region manifest, write the manifests of Llama and DeepSeek shapes, or verify a model.pt"};
   app.require_subcommand(1);
   piper::runtime::ModelConfig c;
   std::string out;
@@ -64,6 +141,9 @@ int main(int argc, char** argv) {
                   "with --manifest-only: leave out the measured activation memory (for models too large to probe)");
     sub->callback([&c, arch] { c.arch = arch; });
   }
+  ShapeCommand llama, deepseek;
+  llama.add(app, "llama");
+  deepseek.add(app, "deepseek");
   std::string verify_path, measure_path, measure_out;
   int64_t batch = 2;
   auto* verify = app.add_subcommand("verify", "check that the regions chained equal the whole model (forward and gradients)");
@@ -89,16 +169,9 @@ int main(int argc, char** argv) {
       fmt::print("{}: activation memory measured for every region\n", measure_out.empty() ? measure_path : measure_out);
       return 0;
     }
-    if (verify->parsed()) {
-      piper::runtime::RegionModel m(verify_path);
-      auto r = m.check_regions(batch, 0);
-      bool ok = r.max_output_diff <= 1e-5 && r.max_grad_diff <= 1e-5;
-      fmt::print("{}: {} regions, {} parameters; loss {:.4f}; whole vs chained: max |output diff| {:.3g}, "
-                 "max |grad diff| {:.3g}: {}\n",
-                 verify_path, r.regions, r.parameters, r.loss, r.max_output_diff, r.max_grad_diff, ok ? "ok" : "MISMATCH");
-      if (tp > 0) ok = verify_tensor_parallel(m, verify_path, tp, batch) && ok;
-      return ok ? 0 : 1;
-    }
+    if (llama.sub->parsed()) return llama.run("llama");
+    if (deepseek.sub->parsed()) return deepseek.run("deepseek");
+    if (verify->parsed()) return verify_model(verify_path, batch, tp) ? 0 : 1;
     if (manifest_only) {
       std::ofstream f(out);
       if (!(f << (no_measure ? piper::runtime::manifest_json(c) : piper::runtime::measured_manifest_json(c))))
