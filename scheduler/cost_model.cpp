@@ -3,12 +3,76 @@
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
 namespace piper::sched {
 
 using nlohmann::json;
+
+namespace {
+// "roofline": {"peak_flops": {"bf16": F, "fp32": F}, "gemm_efficiency": e, "gemm_tile": [m, n],
+// "attention_efficiency": {"forward": e, "backward": e}, "memory_efficiency": e}.
+// Returns what is wrong, or "".
+std::string parse_roofline(const json& j, Machine& m) {
+  auto fraction = [](const json& v) { return v.is_number() && v.get<double>() > 0 && v.get<double>() <= 1; };
+  const char* form = "\"roofline\": expected {\"peak_flops\": {\"bf16\": FLOP/s, \"fp32\": FLOP/s}, \"gemm_efficiency\": 0..1, "
+                     "\"gemm_tile\": [rows, columns], \"attention_efficiency\": {\"forward\": 0..1, \"backward\": 0..1}, "
+                     "\"memory_efficiency\": 0..1} (and \"sms\" at the top level)";
+  if (!j.is_object() || !j.contains("peak_flops") || !j["peak_flops"].is_object()) return form;
+  Roofline r;
+  const json& p = j["peak_flops"];
+  for (auto [key, out] : {std::pair{"bf16", &r.peak_bf16}, std::pair{"fp32", &r.peak_fp32}}) {
+    if (!p.contains(key) || !p[key].is_number() || p[key].get<double>() <= 0) return form;
+    *out = p[key].get<double>();
+  }
+  const json& a = j.value("attention_efficiency", json::object());
+  for (auto [v, out] : {std::pair{j.value("gemm_efficiency", json(1.0)), &r.gemm_efficiency},
+                        std::pair{j.value("memory_efficiency", json(1.0)), &r.memory_efficiency},
+                        std::pair{a.is_object() ? a.value("forward", json(1.0)) : json(), &r.attention_forward},
+                        std::pair{a.is_object() ? a.value("backward", json(1.0)) : json(), &r.attention_backward}}) {
+    if (!fraction(v)) return form;
+    *out = v.get<double>();
+  }
+  if (j.contains("gemm_tile")) {
+    const json& t = j["gemm_tile"];
+    if (!t.is_array() || t.size() != 2 || !t[0].is_number_integer() || !t[1].is_number_integer() || t[0].get<int64_t>() < 1 ||
+        t[1].get<int64_t>() < 1)
+      return form;
+    r.tile_m = t[0].get<int64_t>(), r.tile_n = t[1].get<int64_t>();
+  }
+  if (m.sms < 1) return "\"roofline\" needs \"sms\" (wave quantization spreads a product's tiles over them)";
+  m.roofline = r;
+  return "";
+}
+
+// Measured sections (piper-run --profile): straight lines [fixed, per].
+bool parse_affine(const json& v, Affine& out) {
+  if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number()) return false;
+  out = Affine{v[0].get<double>(), v[1].get<double>()};
+  return std::isfinite(out.fixed) && std::isfinite(out.per) && out.fixed >= 0 && out.per >= 0;
+}
+
+// "regions": measured F/B (and BI/BW where the profile split them) per region; "" or why not.
+std::string parse_measured_regions(const json& regions, Machine& m) {
+  if (!regions.is_object()) return "\"regions\" maps region names to measured times";
+  for (const auto& [name, r] : regions.items()) {
+    RegionTimes t;
+    if (!r.is_object() || !r.contains("F") || !r.contains("B") || !parse_affine(r["F"], t.F) || !parse_affine(r["B"], t.B) ||
+        (r.contains("BI") && !parse_affine(r["BI"], t.BI)) || (r.contains("BW") && !parse_affine(r["BW"], t.BW)))
+      return fmt::format("regions.{}: expected {{\"F\": [fixed s, s per sample] (neither negative), \"B\": [...], \"BI\": [...], "
+                         "\"BW\": [...]}}",
+                         name);
+    if (!r.contains("BI") || !r.contains("BW")) {  // unmeasured split: half each
+      t.BI = Affine{t.B.fixed / 2, t.B.per / 2};
+      t.BW = t.BI;
+    }
+    m.regions[name] = t;
+  }
+  return "";
+}
+}  // namespace
 
 std::optional<Machine> parse_machine(FileId file, const SourceManager& sources, DiagnosticEngine& diags) {
   auto fail = [&](const std::string& msg) {
@@ -41,31 +105,11 @@ std::optional<Machine> parse_machine(FileId file, const SourceManager& sources, 
     return fail("\"memory_bandwidth\" (bytes/s) must be positive");
   if (!j.contains("link") || !link(j["link"], m.default_link))
     return fail("\"link\": {\"bandwidth\": bytes/s, \"latency\": s} is required");
-  // Measured sections (piper-run --profile): straight lines [fixed, per].
-  auto affine = [](const json& v, Affine& out) {
-    if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number()) return false;
-    out = Affine{v[0].get<double>(), v[1].get<double>()};
-    return std::isfinite(out.fixed) && std::isfinite(out.per) && out.fixed >= 0 && out.per >= 0;
-  };
-  if (j.contains("regions")) {
-    if (!j["regions"].is_object()) return fail("\"regions\" maps region names to measured times");
-    for (const auto& [name, r] : j["regions"].items()) {
-      RegionTimes t;
-      if (!r.is_object() || !r.contains("F") || !r.contains("B") || !affine(r["F"], t.F) || !affine(r["B"], t.B) ||
-          (r.contains("BI") && !affine(r["BI"], t.BI)) || (r.contains("BW") && !affine(r["BW"], t.BW)))
-        return fail(fmt::format("regions.{}: expected {{\"F\": [fixed s, s per sample] (neither negative), \"B\": [...], \"BI\": [...], "
-                                "\"BW\": [...]}}",
-                                name));
-      if (!r.contains("BI") || !r.contains("BW")) {  // unmeasured split: half each
-        t.BI = Affine{t.B.fixed / 2, t.B.per / 2};
-        t.BW = t.BI;
-      }
-      m.regions[name] = t;
-    }
-  }
+  if (j.contains("regions"))
+    if (std::string why = parse_measured_regions(j["regions"], m); !why.empty()) return fail(why);
   if (j.contains("update")) {
     Affine u;
-    if (!affine(j["update"], u)) return fail("\"update\": expected [fixed s, s per parameter byte] (neither negative)");
+    if (!parse_affine(j["update"], u)) return fail("\"update\": expected [fixed s, s per parameter byte] (neither negative)");
     m.update = u;
   }
   if (j.contains("collectives")) {
@@ -99,6 +143,8 @@ std::optional<Machine> parse_machine(FileId file, const SourceManager& sources, 
     if (c.contains("collective") && !(number(c, "collective", m.calibration.collective, true) && m.calibration.collective >= 0))
       return fail("\"calibration\": \"collective\" is the seconds added to each collective, zero or more");
   }
+  if (j.contains("roofline"))
+    if (std::string why = parse_roofline(j["roofline"], m); !why.empty()) return fail(why);
   if (j.contains("axes")) {
     if (!j["axes"].is_object()) return fail("\"axes\" maps mesh axis names to links");
     for (const auto& [axis, l] : j["axes"].items()) {
@@ -152,6 +198,9 @@ CostModel CostModel::machine(Machine mc, const std::vector<std::string>& axes, i
     if (auto it = mc.regions.find(manifest.regions[r].name); it != mc.regions.end()) m.region_times_[r] = it->second;
   m.first_region_ = manifest.sequence.empty() ? -1 : manifest.sequence.front();
   for (size_t r = 0; r < manifest.regions.size(); ++r) m.subtree_flops_.push_back(manifest.flops(RegionId(r)));
+  const bool said = std::any_of(manifest.regions.begin(), manifest.regions.end(), [](const Region& r) { return !r.work.empty(); });
+  if (mc.roofline && said)
+    for (const Region& r : manifest.regions) m.work_.push_back({r.children, r.work, r.flops});
   m.machine_ = std::move(mc);
   m.axes_ = axes;
   m.samples_ = samples;
@@ -187,6 +236,98 @@ std::optional<double> CostModel::measured_chunk(const ir::Graph& g, const ir::No
   return std::max(t, 0.0) * tp_share(g, n);
 }
 
+// One piece of work on the roofline. A product [M×K]·[K×N] runs its backward as the input gradient
+// [M×N]·[N×K] (BI) and the weight gradient [N×M]·[M×K] (BW). Flash attention's backward does five
+// products to the forward's two (2.5×, Dao 2023), all of it BI; memory-bound work reads and writes
+// its elements again in the backward (2×).
+double CostModel::work_seconds(const Work& w, ir::Op op, double rows, int64_t ways, bool bf16) const {
+  using ir::Op;
+  const Roofline& r = *machine_->roofline;
+  const double peak = bf16 ? r.peak_bf16 : r.peak_fp32, elt = bf16 ? 2 : 4;
+  const double bandwidth = machine_->memory_bandwidth * r.memory_efficiency, t = static_cast<double>(ways);
+  auto gemm = [&](double M, double N, double K) {
+    const double tm = static_cast<double>(r.tile_m), tn = static_cast<double>(r.tile_n), sms = static_cast<double>(machine_->sms);
+    const double waves = std::ceil(std::ceil(M / tm) * std::ceil(N / tn) / sms);
+    const double used = M * N / (waves * sms * tm * tn);  // of the SMs' tiles over all waves
+    return std::max(2 * M * N * K / (peak * r.gemm_efficiency * used), (M * K + K * N + M * N) * elt / bandwidth);
+  };
+  switch (w.kind) {
+    case Work::Kind::Gemm: {
+      const double M = static_cast<double>(w.m) * rows, N = static_cast<double>(w.n) / (w.shard == 'n' ? t : 1),
+                   K = static_cast<double>(w.k) / (w.shard == 'k' ? t : 1);
+      switch (op) {
+        case Op::F: return gemm(M, N, K);
+        case Op::BI: return gemm(M, K, N);
+        case Op::BW: return gemm(N, K, M);
+        case Op::B: return gemm(M, K, N) + gemm(N, K, M);
+        default: return 0;
+      }
+    }
+    case Work::Kind::Attention: {
+      const double flops = w.flops() * rows / t;
+      const double bytes = rows * static_cast<double>(w.heads) / t * static_cast<double>((w.q + w.kv) * (w.head_dim + w.v_dim)) * elt;
+      if (op == Op::F) return std::max(flops / (peak * r.attention_forward), bytes / bandwidth);
+      if (op == Op::B || op == Op::BI) return std::max(2.5 * flops / (peak * r.attention_backward), 2 * bytes / bandwidth);
+      return 0;
+    }
+    case Work::Kind::Memory: {
+      const double bytes = static_cast<double>(w.elements) * rows / (w.shard == 'n' ? t : 1) * elt;
+      return op == Op::F ? bytes / bandwidth : op == Op::BW ? 0 : 2 * bytes / bandwidth;
+    }
+  }
+  return 0;
+}
+
+// A chunk on the roofline: the work of the regions it runs (an expert piece: its list's members on
+// the tokens its ep group routes to them), each tp-sharded region's at its slice; a region that does
+// not say its work at the machine's `flops`. Scaled by the chunk's FLOPs over the work's, so that
+// what the IR says the chunk runs (an expert piece's owned members) is what is priced.
+std::optional<double> CostModel::roofline_chunk(const ir::Graph& g, const ir::Node& n) const {
+  using ir::Op;
+  if (work_.empty() || n.stage < 0 || !ir::is_chunk(n.op) || n.op == Op::U) return std::nullopt;
+  const ir::StageFacts& st = g.stage(n.stage);
+  const ir::Segment& seg = g.segment_of(n);
+  std::vector<RegionId> lists;  // the stage's expert lists: their own pieces
+  for (const ir::Segment& s : st.segments)
+    if (s.sharded >= 0) lists.push_back(s.sharded);
+  auto among = [](const std::vector<RegionId>& v, RegionId r) { return std::find(v.begin(), v.end(), r) != v.end(); };
+  double rows = static_cast<double>(samples_);
+  std::vector<std::pair<RegionId, bool>> todo;  // region, inside a tp-sharded one
+  if (seg.sharded >= 0) {
+    for (const ir::ExpertShard& e : st.experts)
+      if (e.list == seg.sharded) rows *= static_cast<double>(e.ways);
+    for (RegionId c : work_.at(static_cast<size_t>(seg.sharded)).children) todo.push_back({c, false});
+  } else {
+    for (RegionId r : seg.regions) todo.push_back({r, false});
+  }
+  const bool bf16 = st.precision == DType::BF16;
+  const double factor = n.op == Op::B ? 2 : 1;
+  double t = 0, flops = 0;
+  bool said = false;
+  while (!todo.empty()) {
+    auto [q, sharded] = todo.back();
+    todo.pop_back();
+    if (seg.sharded < 0 && among(lists, q)) continue;
+    sharded = sharded || among(seg.tp_regions, q);
+    const RegionWork& rw = work_.at(static_cast<size_t>(q));
+    const int64_t ways = sharded ? std::max<int64_t>(st.tp.ways, 1) : 1;
+    if (rw.work.empty()) {
+      const double f = static_cast<double>(rw.flops) / static_cast<double>(ways);
+      t += factor * f * rows / machine_->flops;
+      flops += f;
+    }
+    for (const Work& w : rw.work) {
+      t += work_seconds(w, n.op, rows, ways, bf16);
+      flops += w.flops() / static_cast<double>(w.kind == Work::Kind::Memory ? 1 : w.shard ? ways : 1);
+      said = true;
+    }
+    for (RegionId c : rw.children) todo.push_back({c, sharded});
+  }
+  if (!said) return std::nullopt;
+  const double mine = static_cast<double>(n.flops) * static_cast<double>(samples_);
+  return flops > 0 ? t * mine / (flops * rows) : t;
+}
+
 // Regions are measured whole, on one rank: under tensor parallelism the share of a piece's work its
 // sharded regions do (by FLOPs) splits over the axis.
 double CostModel::tp_share(const ir::Graph& g, const ir::Node& n) const {
@@ -210,7 +351,9 @@ double CostModel::tp_comm(const ir::Graph& g, const ir::Node& n) const {
   if (seg.tp_regions.empty() || tp.ways <= 1) return 0;
   const Link& l = link_for(g.axis_name(tp.axis), g.facts.hosts.axis(tp.axis), true);
   const double k = static_cast<double>(tp.ways), calls = static_cast<double>(seg.tp_regions.size());
-  const double b = static_cast<double>(seg.tp_reduce_bytes) * static_cast<double>(samples_);
+  // Partial sums travel in the compute precision (the manifest's outputs are fp32).
+  const double b = static_cast<double>(seg.tp_reduce_bytes) * static_cast<double>(samples_) /
+                   (g.stage(n.stage).precision == DType::BF16 ? 2 : 1);
   return calls * 2 * (k - 1) * l.latency + 2 * (k - 1) / k * b / l.bandwidth;
 }
 
@@ -247,6 +390,13 @@ double CostModel::cost(const ir::Graph& g, const ir::Node& n, int64_t group_size
   }
   const Machine& m = *machine_;
   if (auto t = measured_chunk(g, n)) return *t + tp_comm(g, n);
+  if (auto t = roofline_chunk(g, n)) return *t + (n.op == Op::BW ? 0 : tp_comm(g, n));
+  if (n.op == Op::U && m.roofline) {
+    // Adam over fp32 state: parameter, gradient and two moments read, three written (28 bytes a
+    // parameter, 7× its fp32 bytes), and a bf16 copy written where the stage computes in bf16.
+    const bool bf16 = g.stage(n.stage).precision == DType::BF16;
+    return (bf16 ? 7.5 : 7.0) * static_cast<double>(n.bytes) / (m.memory_bandwidth * m.roofline->memory_efficiency);
+  }
   if (n.op == Op::U && m.update) {
     // The optimizer steps the parameters this rank updates: a stage's, a ZeRO shard of them.
     const ir::StageFacts& st = g.stage(n.stage);

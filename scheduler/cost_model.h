@@ -27,12 +27,26 @@ struct RegionTimes {
   Affine F, B, BI, BW;
 };
 
+// The roofline (machine file "roofline"): each piece of a region's work (manifest `work`) takes
+// max(FLOPs / (peak × efficiency), bytes / (memory bandwidth × efficiency)). A matrix product's
+// efficiency is `gemm_efficiency` times what tile and wave quantization leave of the device (output
+// tiles of tile_m × tile_n spread over the SMs in waves: NVIDIA's Matrix Multiplication Background
+// guide); attention's is flash attention's, forward and backward; memory-bound work streams.
+struct Roofline {
+  double peak_bf16 = 0, peak_fp32 = 0;  // dense FLOP/s per precision
+  double gemm_efficiency = 1;
+  int64_t tile_m = 128, tile_n = 128;
+  double attention_forward = 1, attention_backward = 1;
+  double memory_efficiency = 1;
+};
+
 struct Machine {
   std::string name;
   double flops = 0;             // sustained FLOP/s per device for the model's precision
   double memory_bytes = 0;      // device memory
   double memory_bandwidth = 0;  // bytes/s, for the optimizer update
   int64_t sms = 0;              // streaming multiprocessors per device (0: not stated; `sms` unpriced)
+  std::optional<Roofline> roofline;  // prices regions by their `work` (else FLOPs at `flops`)
   Link default_link;                 // inside a host
   std::map<std::string, Link> axes;  // per mesh axis, e.g. pp across nodes, dp inside a node
   // Between hosts (per rank: a host's network bandwidth over the ranks that use it at once), for a
@@ -80,6 +94,8 @@ class CostModel {
   double cost(const ir::Graph& g, const ir::Node& n, int64_t group_size, double share = 1) const;
   // Whether every chunk of `g` is priced from measured region times (otherwise FLOPs or units).
   bool measured(const ir::Graph& g) const;
+  // Whether chunks are priced on the machine's roofline from the manifest's `work`.
+  bool roofline() const { return !work_.empty(); }
   // An overlapped group's duration given its members' costs.
   double overlap(double sum_of_members) const { return unit_ && unit_->FB ? *unit_->FB : sum_of_members; }
   bool is_unit() const { return unit_.has_value(); }
@@ -93,6 +109,17 @@ class CostModel {
   std::vector<std::optional<RegionTimes>> region_times_;  // by RegionId; empty where not measured
   RegionId first_region_ = -1;
   std::vector<int64_t> subtree_flops_;  // by RegionId: forward FLOPs per sample of the subtree
+  // The manifest's tree and work, for the roofline (by RegionId).
+  struct RegionWork {
+    std::vector<RegionId> children;
+    std::vector<Work> work;
+    int64_t flops = 0;
+  };
+  std::vector<RegionWork> work_;
+  // A chunk's seconds on the roofline, or nothing when the machine has none or no region says its work.
+  std::optional<double> roofline_chunk(const ir::Graph& g, const ir::Node& n) const;
+  // One piece of work at `rows` times its rows (samples, or tokens routed), split `ways` by tp.
+  double work_seconds(const Work& w, ir::Op op, double rows, int64_t ways, bool bf16) const;
   // A measured piece's time, or nothing when one of its regions was not measured.
   std::optional<double> measured_chunk(const ir::Graph& g, const ir::Node& n) const;
   double tp_share(const ir::Graph& g, const ir::Node& n) const;

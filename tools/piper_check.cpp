@@ -187,6 +187,7 @@ std::string simulation_text(const CheckArgs& a, const sched::Plan& plan, double 
   bool over = false;
   const char* priced = plan.costs.is_unit()          ? ""
                        : plan.costs.measured(plan.dag) ? "; every chunk from measured region times"
+                       : plan.costs.roofline()         ? "; chunks on the roofline from the manifest's work"
                                                        : "; chunks by FLOPs where the file has no region times";
   return fmt::format("simulated step ({}{}):\n{}", plan.costs.is_unit() ? "unit costs" : a.machine_path, priced,
                      sched::simulate_report(plan.dag, plan.schedule, plan.memory, budget, plan.costs.is_unit(), &over));
