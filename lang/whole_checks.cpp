@@ -103,11 +103,6 @@ void Checker::finish_axes() {
                                   "of its own", axis, other))
         .note(there, "used here");
   }
-  if (!tensor_axes_.empty())
-    for (const Directive& d : out_.directives)
-      if (const auto* p = std::get_if<PrecisionDirective>(&d.body); p && p->dtype != DType::F32)
-        diags_.error(d.loc, "precision bf16 with tensor parallelism is not supported yet (its partial sums are fp32)")
-            .note(tensor_axes_.begin()->second, "tensor parallelism here");
   for (const auto& a : axes_)
     if (a.size > 1 && !used_axes_.count(a.name))
       diags_.error(a.loc, fmt::format("mesh axis '{}' (size {}) is not used by any place, replicate or shard",

@@ -12,7 +12,8 @@ common=(--data "$root/data/corpus.txt" --batch-size 8 --lr 1e-2 --threads 1)
 piper() {  # piper NP OUT STRATEGY args... (OUT: its output, for messages)
   local np=$1 out=$2 strategy=$3
   shift 3
-  timeout 120 mpirun -np "$np" --oversubscribe "$run" "$tmp/m.pt" "$root/strategies/$strategy" "${common[@]}" "$@" >"$tmp/$out" 2>&1
+  [[ $strategy = /* ]] || strategy=$root/strategies/$strategy
+  timeout 120 mpirun -np "$np" --oversubscribe "$run" "$tmp/m.pt" "$strategy" -I "$root/strategies" "${common[@]}" "$@" >"$tmp/$out" 2>&1
 }
 # Losses of steps FROM..6 of two metrics files: the same (tolerance 0) or within TOL.
 same_losses() {  # same_losses A B FROM TOL WHAT
@@ -77,6 +78,10 @@ for flag in "--checkpoint $tmp/tp_ck" "--resume $tmp/ck" "--save-model $tmp/tp.p
   grep -q "step *1/" "$tmp/err_tp.txt" && fail "tp=2 with ${flag%% *}: a step ran before the refusal"
 done
 [ ! -e "$tmp/tp_ck" ] && [ ! -e "$tmp/tp.pt" ] || fail "a refused tensor-parallel run wrote something"
+# bf16 with tensor parallelism is planned (piper-check) but not run: refused before the first step.
+printf 'use "tp.piper";\nprecision bf16;\n' >"$tmp/tp_bf16.piper"
+expect_error "precision bf16 together with tensor parallelism" "tp=2 in bf16" -- 2 err_tpbf16.txt "$tmp/tp_bf16.piper" --steps 1
+
 if timeout 60 "$run" "$tmp/other.pt" "$root/strategies/single.piper" "${common[@]}" --steps 4 --resume "$tmp/ck" >"$tmp/err5.txt" 2>&1; then
   fail "another model's checkpoint: succeeded"
 fi
