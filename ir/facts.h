@@ -161,10 +161,14 @@ struct HostFacts {
   std::vector<int32_t> host_of;       // per rank; empty: every rank on one host
   int32_t count = 1;                  // hosts
   std::vector<uint8_t> axis_crosses;  // per mesh axis: some group along it spans hosts
+  std::vector<int32_t> axis_hosts;    // per mesh axis: the most hosts one group along it spans
   std::vector<uint8_t> next_crosses;  // per stage s: some rank's handoff to stage s + 1 goes between hosts
   bool any() const { return count > 1; }
   int32_t host(int64_t rank) const { return host_of.empty() ? 0 : host_of.at(static_cast<size_t>(rank)); }
   bool axis(int32_t a) const { return a >= 0 && static_cast<size_t>(a) < axis_crosses.size() && axis_crosses[static_cast<size_t>(a)]; }
+  int32_t hosts_along(int32_t a) const {
+    return a >= 0 && static_cast<size_t>(a) < axis_hosts.size() ? axis_hosts[static_cast<size_t>(a)] : 1;
+  }
   // A pipeline handoff from `stage`: forward to stage + 1, backward to stage - 1.
   bool handoff(int32_t stage, bool backward) const {
     const int32_t s = backward ? stage - 1 : stage;

@@ -5,6 +5,8 @@
 // over the network. Nothing here changes what runs.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "ir/pass.h"
 #include "lang/internal_error.h"
 
@@ -12,10 +14,12 @@ namespace piper::ir {
 
 namespace {
 
-bool spans_hosts(const std::vector<int32_t>& ranks, const HostFacts& h) {
+// How many hosts `ranks` are on.
+int32_t hosts_spanned(const std::vector<int32_t>& ranks, const HostFacts& h) {
+  std::vector<int32_t> seen;
   for (int32_t r : ranks)
-    if (h.host(r) != h.host(ranks.front())) return true;
-  return false;
+    if (std::find(seen.begin(), seen.end(), h.host(r)) == seen.end()) seen.push_back(h.host(r));
+  return static_cast<int32_t>(seen.size());
 }
 
 }  // namespace
@@ -32,9 +36,12 @@ void hosts_pass(LowerContext& c) {
   for (int32_t x : host_of) hosts = std::max(hosts, x + 1);
   h.count = hosts;
   for (size_t a = 0; a < mesh.axes().size(); ++a) {
-    bool crosses = false;
-    for (int64_t r = 0; r < mesh.world() && !crosses; ++r) crosses = spans_hosts(mesh.group_along(r, static_cast<int>(a)), h);
-    h.axis_crosses.push_back(crosses);
+    // Each group once: the ranks at the axis's first coordinate lead them.
+    int32_t most = 1;
+    for (int64_t r = 0; r < mesh.world(); ++r)
+      if (mesh.coord(r, static_cast<int>(a)) == 0) most = std::max(most, hosts_spanned(mesh.group_along(r, static_cast<int>(a)), h));
+    h.axis_crosses.push_back(most > 1);
+    h.axis_hosts.push_back(most);
   }
   // Rank k of a stage hands off to rank k of the next (ir/p2p.cpp pairs them so).
   const int32_t pp = c.graph.facts.pipeline_axis;

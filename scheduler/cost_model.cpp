@@ -240,13 +240,13 @@ std::optional<double> CostModel::measured_chunk(const ir::Graph& g, const ir::No
 // [M×N]·[N×K] (BI) and the weight gradient [N×M]·[M×K] (BW). Flash attention's backward does five
 // products to the forward's two (2.5×, Dao 2023), all of it BI; memory-bound work reads and writes
 // its elements again in the backward (2×).
-double CostModel::work_seconds(const Work& w, ir::Op op, double rows, int64_t ways, bool bf16) const {
+double roofline_seconds(const Machine& machine, const Work& w, ir::Op op, double rows, int64_t ways, bool bf16) {
   using ir::Op;
-  const Roofline& r = *machine_->roofline;
+  const Roofline& r = *machine.roofline;
   const double peak = bf16 ? r.peak_bf16 : r.peak_fp32, elt = bf16 ? 2 : 4;
-  const double bandwidth = machine_->memory_bandwidth * r.memory_efficiency, t = static_cast<double>(ways);
+  const double bandwidth = machine.memory_bandwidth * r.memory_efficiency, t = static_cast<double>(ways);
   auto gemm = [&](double M, double N, double K) {
-    const double tm = static_cast<double>(r.tile_m), tn = static_cast<double>(r.tile_n), sms = static_cast<double>(machine_->sms);
+    const double tm = static_cast<double>(r.tile_m), tn = static_cast<double>(r.tile_n), sms = static_cast<double>(machine.sms);
     const double waves = std::ceil(std::ceil(M / tm) * std::ceil(N / tn) / sms);
     const double used = M * N / (waves * sms * tm * tn);  // of the SMs' tiles over all waves
     return std::max(2 * M * N * K / (peak * r.gemm_efficiency * used), (M * K + K * N + M * N) * elt / bandwidth);
@@ -317,7 +317,7 @@ std::optional<double> CostModel::roofline_chunk(const ir::Graph& g, const ir::No
       flops += f;
     }
     for (const Work& w : rw.work) {
-      t += work_seconds(w, n.op, rows, ways, bf16);
+      t += roofline_seconds(*machine_, w, n.op, rows, ways, bf16);
       flops += w.flops() / static_cast<double>(w.kind == Work::Kind::Memory ? 1 : w.shard ? ways : 1);
       said = true;
     }
@@ -349,12 +349,37 @@ double CostModel::tp_comm(const ir::Graph& g, const ir::Node& n) const {
   const ir::Segment& seg = g.segment_of(n);
   const ir::TensorParallel& tp = g.stage(n.stage).tp;
   if (seg.tp_regions.empty() || tp.ways <= 1) return 0;
-  const Link& l = link_for(g.axis_name(tp.axis), g.facts.hosts.axis(tp.axis), true);
-  const double k = static_cast<double>(tp.ways), calls = static_cast<double>(seg.tp_regions.size());
+  const double calls = static_cast<double>(seg.tp_regions.size());
   // Partial sums travel in the compute precision (the manifest's outputs are fp32).
   const double b = static_cast<double>(seg.tp_reduce_bytes) * static_cast<double>(samples_) /
                    (g.stage(n.stage).precision == DType::BF16 ? 2 : 1);
-  return calls * 2 * (k - 1) * l.latency + 2 * (k - 1) / k * b / l.bandwidth;
+  return calls * collective_seconds(g, Op::AllReduce, b / calls, tp.ways, tp.axis);
+}
+
+// A collective of k ranks along `axis`, `b` bytes each. Inside a host: a ring on the host's link
+// (k - 1 steps, each moving b/k; twice for an all-reduce). Across H hosts with r = k/H members on
+// each (ir::HostFacts): NCCL runs a ring per NIC, so a ring's network hop carries what an inside
+// hop does and the group's r NICs share the crossing traffic: per rank min(inside, r × network).
+// Each ring step waits for its slowest hop (the network's latency); a tree's log2 k steps where
+// fewer (NCCL picks trees for latency-bound sizes). All-to-all: what a rank sends to other hosts
+// leaves through its own NIC. A link the machine names for the axis is a flat ring, as it says.
+double CostModel::collective_seconds(const ir::Graph& g, ir::Op op, double b, int64_t group, int32_t axis) const {
+  using ir::Op;
+  const std::string& name = g.axis_name(axis);
+  const double k = static_cast<double>(std::max<int64_t>(group, 1)), f = op == Op::AllReduce ? 2 : 1;
+  const bool crosses = g.facts.hosts.axis(axis);
+  const Link& in = link_for(name, false, true);
+  if (!crosses || machine_->axes.count(name)) {
+    const Link& l = link_for(name, crosses, true);
+    return f * (k - 1) * l.latency + f * (k - 1) / k * b / l.bandwidth;
+  }
+  const Link& net = link_for(name, true, true);
+  const double hosts = std::min(k, static_cast<double>(g.facts.hosts.hosts_along(axis)));
+  const double r = std::max(1.0, std::floor(k / hosts));
+  const double steps = std::min(k - 1, std::ceil(std::log2(k)));
+  if (op == Op::AllToAll)
+    return (k - 1) * net.latency + std::max((r - 1) / k * b / in.bandwidth, (k - r) / k * b / net.bandwidth);
+  return f * steps * net.latency + f * (k - 1) / k * b / std::min(in.bandwidth, r * net.bandwidth);
 }
 
 // A link the machine file names for the axis wins (it says what that axis runs on); otherwise the
@@ -416,19 +441,19 @@ double CostModel::cost(const ir::Graph& g, const ir::Node& n, int64_t group_size
     case Op::Recv: return 0;
     default: break;
   }
-  const bool collective = n.op != Op::Send && n.op != Op::Broadcast;
   const ir::HostFacts& hosts = g.facts.hosts;
-  const bool crosses = n.op == Op::Send ? hosts.handoff(n.stage, n.flags & ir::kBackward) : hosts.axis(n.axis);
-  const Link& l = link_for(g.axis_name(n.axis), crosses, collective);
-  const double b = static_cast<double>(n.bytes), k = static_cast<double>(std::max<int64_t>(group_size, 1));
-  const double issued = m.calibration.collective;  // measured inside a step, beyond the formula
+  const double b = static_cast<double>(n.bytes);
+  if (n.op == Op::Send || n.op == Op::Broadcast) {
+    const bool crosses = n.op == Op::Send ? hosts.handoff(n.stage, n.flags & ir::kBackward) : hosts.axis(n.axis);
+    const Link& l = link_for(g.axis_name(n.axis), crosses, false);
+    return l.latency + b / l.bandwidth;
+  }
   switch (n.op) {
-    case Op::Send: return l.latency + b / l.bandwidth;
-    case Op::AllReduce: return issued + 2 * (k - 1) * l.latency + 2 * (k - 1) / k * b / l.bandwidth;  // ring
+    case Op::AllReduce:
     case Op::AllGather:
     case Op::ReduceScatter:
-    case Op::AllToAll: return issued + (k - 1) * l.latency + (k - 1) / k * b / l.bandwidth;
-    case Op::Broadcast: return l.latency + b / l.bandwidth;
+    case Op::AllToAll:  // the calibrated seconds: measured inside a step, beyond the formula
+      return m.calibration.collective + collective_seconds(g, n.op, b, group_size, n.axis);
     default: return 0;
   }
 }

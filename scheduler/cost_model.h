@@ -74,6 +74,10 @@ struct Machine {
 // Parses a machine description (machines/*.json). Errors are reported against the file.
 std::optional<Machine> parse_machine(FileId file, const SourceManager& sources, DiagnosticEngine& diags);
 
+// One piece of a region's work on `machine`'s roofline (which it must have) in pass `op` (F, B, BI,
+// BW), at `rows` times its rows (samples, or tokens routed to an expert), split `ways` by tp.
+double roofline_seconds(const Machine& machine, const Work& w, ir::Op op, double rows, int64_t ways, bool bf16);
+
 // Unit costs for schedule studies: `--cost F=1,B=2,W=1,comm=0[,FB=3]`. B is a whole backward;
 // a split one is BI = B - W plus BW = W. FB is an overlapped forward+backward pair (default F+B).
 struct UnitCosts {
@@ -118,12 +122,12 @@ class CostModel {
   std::vector<RegionWork> work_;
   // A chunk's seconds on the roofline, or nothing when the machine has none or no region says its work.
   std::optional<double> roofline_chunk(const ir::Graph& g, const ir::Node& n) const;
-  // One piece of work at `rows` times its rows (samples, or tokens routed), split `ways` by tp.
-  double work_seconds(const Work& w, ir::Op op, double rows, int64_t ways, bool bf16) const;
   // A measured piece's time, or nothing when one of its regions was not measured.
   std::optional<double> measured_chunk(const ir::Graph& g, const ir::Node& n) const;
   double tp_share(const ir::Graph& g, const ir::Node& n) const;
   double tp_comm(const ir::Graph& g, const ir::Node& n) const;
+  // A collective's seconds on the tiers its group spans (inside a host, across hosts).
+  double collective_seconds(const ir::Graph& g, ir::Op op, double bytes, int64_t group, int32_t axis) const;
   // The link a communication node runs on, along `axis`; `crosses`: its group or peer is on another host.
   const Link& link_for(const std::string& axis, bool crosses, bool collective) const;
 };

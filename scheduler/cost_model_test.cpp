@@ -252,3 +252,128 @@ TEST_CASE("`sms`: compute beside a limited stream's communication runs slower by
         std::string::npos);
   CHECK(d.errors().find("<test>.piper:2:") != std::string::npos);
 }
+
+namespace {
+// A device with round numbers: 100 SMs, 1 PFLOP/s bf16 at half efficiency for products, 3 TB/s.
+Machine roofline_device() {
+  Machine m;
+  m.name = "round";
+  m.sms = 100;
+  m.memory_bandwidth = 3e12;
+  m.roofline = Roofline{};
+  m.roofline->peak_bf16 = 1e15;
+  m.roofline->peak_fp32 = 1e14;
+  m.roofline->gemm_efficiency = 0.5;
+  m.roofline->tile_m = m.roofline->tile_n = 128;
+  m.roofline->attention_forward = 0.6;
+  m.roofline->attention_backward = 0.4;
+  return m;
+}
+Work gemm(int64_t m, int64_t n, int64_t k, char shard = 0) {
+  Work w;
+  w.kind = Work::Kind::Gemm;
+  w.m = m, w.n = n, w.k = k, w.shard = shard;
+  return w;
+}
+// doctest's Approx adds 1 to the scale it compares against: at microseconds that is no check at all.
+doctest::Approx exactly(double x) { return doctest::Approx(x).scale(0).epsilon(1e-9); }
+
+}  // namespace
+
+TEST_CASE("roofline: a product is compute-bound at its tile-quantized share of the SMs, a thin one streams its bytes") {
+  const Machine d = roofline_device();
+  // 1,280 × 12,800 output: 10 × 100 tiles of 128 × 128, ten full waves over 100 SMs.
+  const Work w = gemm(1280, 12800, 4096);
+  const double full = 2.0 * 1280 * 12800 * 4096 / (1e15 * 0.5);
+  CHECK(roofline_seconds(d, w, ir::Op::F, 1, 1, true) == exactly(full));
+  // One row more: an 11th row of tiles, an 11th wave, mostly empty.
+  const double used = 1281.0 * 12800 / (11 * 100 * 128 * 128);
+  CHECK(roofline_seconds(d, gemm(1281, 12800, 4096), ir::Op::F, 1, 1, true) ==
+        exactly(2.0 * 1281 * 12800 * 4096 / (1e15 * 0.5 * used)));
+  // The backward's two products: the input gradient [M×N]·[N×K] and the weight gradient [N×M]·[M×K].
+  CHECK(roofline_seconds(d, w, ir::Op::B, 1, 1, true) ==
+        exactly(roofline_seconds(d, w, ir::Op::BI, 1, 1, true) + roofline_seconds(d, w, ir::Op::BW, 1, 1, true)));
+  // Column-parallel over tp = 2: half the output columns, half the time (still whole waves).
+  CHECK(roofline_seconds(d, gemm(1280, 12800, 4096, 'n'), ir::Op::F, 1, 2, true) == exactly(full / 2));
+  // fp32 runs at the fp32 peak.
+  CHECK(roofline_seconds(d, w, ir::Op::F, 1, 1, false) == exactly(2.0 * 1280 * 12800 * 4096 / (1e14 * 0.5)));
+  // One token through the same weights: reading the 4096 × 12800 bf16 matrix is the time.
+  const double bytes = (1.0 * 4096 + 4096.0 * 12800 + 12800) * 2;
+  CHECK(roofline_seconds(d, gemm(1, 12800, 4096), ir::Op::F, 1, 1, true) == exactly(bytes / 3e12));
+}
+
+TEST_CASE("roofline: a norm is priced by its bytes, read and written forward, twice that backward, nothing for weights") {
+  const Machine d = roofline_device();
+  Work norm;
+  norm.kind = Work::Kind::Memory;
+  norm.elements = 2048 * 4096;  // one sample's tokens × hidden
+  const double f = 2.0 * 2048 * 4096 * 2 / 3e12;  // two samples, bf16
+  CHECK(roofline_seconds(d, norm, ir::Op::F, 2, 1, true) == exactly(f));
+  CHECK(roofline_seconds(d, norm, ir::Op::B, 2, 1, true) == exactly(2 * f));
+  CHECK(roofline_seconds(d, norm, ir::Op::BW, 2, 1, true) == 0);
+  // In fp32 the same elements are twice the bytes.
+  CHECK(roofline_seconds(d, norm, ir::Op::F, 2, 1, false) == exactly(2 * f));
+}
+
+TEST_CASE("roofline: causal attention grows with the square of the sequence, and at 8k tokens it is over a tenth of a layer") {
+  const Machine d = roofline_device();
+  auto attention = [](int64_t seq) {
+    Work w;
+    w.kind = Work::Kind::Attention;
+    w.heads = 32, w.head_dim = 128, w.v_dim = 128, w.q = seq, w.kv = seq, w.causal = true;
+    return w;
+  };
+  const double at2k = roofline_seconds(d, attention(2048), ir::Op::F, 1, 1, true);
+  const double at8k = roofline_seconds(d, attention(8192), ir::Op::F, 1, 1, true);
+  // Scores and values: 2 × q × kv × heads × (head_dim + v_dim) FLOPs, half under the causal mask.
+  CHECK(at2k == exactly(2.0 * 2048 * 2048 * 32 * 256 / 2 / (1e15 * 0.6)));
+  CHECK(at8k == exactly(16 * at2k));
+  // The backward: 2.5 forwards' FLOPs (FlashAttention's recomputation) at the backward's efficiency.
+  CHECK(roofline_seconds(d, attention(8192), ir::Op::B, 1, 1, true) == exactly(2.5 * at8k * 0.6 / 0.4));
+  // A Llama-3 8B layer's products per sample (q, kv, o, gate+up, down) at sequence s. Per token
+  // they are 2 × 218M FLOPs; causal attention is 2 × s × 4096 (17M at 2k, 67M at 8k): its share of
+  // the layer's forward grows from a few percent at 2k to over a tenth at 8k.
+  auto products = [&](int64_t s) {
+    double t = 0;
+    for (const Work& w : {gemm(s, 4096, 4096), gemm(s, 2048, 4096), gemm(s, 4096, 4096), gemm(s, 28672, 4096), gemm(s, 4096, 14336)})
+      t += roofline_seconds(d, w, ir::Op::F, 1, 1, true);
+    return t;
+  };
+  const double share2k = at2k / (at2k + products(2048)), share8k = at8k / (at8k + products(8192));
+  MESSAGE("attention share of a Llama-3 8B layer's forward: ", share2k, " at 2k, ", share8k, " at 8k");
+  CHECK(share2k > 0.02);
+  CHECK(share2k < 0.06);
+  CHECK(share8k > 0.09);
+  CHECK(share8k < 0.2);
+}
+
+// ranks_per_host puts a dp group of 8 inside one node (NVLink) or a group of 16 over two (each
+// member's NIC carries its share); with one rank per host every hop crosses at one NIC's bandwidth.
+TEST_CASE("collectives are priced on the tiers their group spans: inside a node, across nodes on its members' NICs") {
+  const std::string node = R"({"name": "node", "flops": 1e14, "memory_bytes": 1e11, "memory_bandwidth": 1e12,
+    "link": {"bandwidth": 4e11, "latency": 2e-6}, "network": {"bandwidth": 4e10, "latency": 5e-6}, "ranks_per_host": )";
+  auto all_reduce = [&](int dp, int per_host, const std::string& model) {
+    Planner f(model);
+    MachineFile file(node + std::to_string(per_host) + "}");
+    PlanOptions opt;
+    opt.cmd.batch_size = 16;
+    opt.machine_path = file.path;
+    auto p = f.compile(fmt::format("mesh dp = {};\nreplicate * over dp;\n", dp), opt);
+    REQUIRE_MESSAGE(p, f.errors());
+    for (const ir::Node& n : p->dag.nodes)
+      if (n.op == ir::Op::AllReduce) return std::pair{p->costs.cost(p->dag, n, dp), static_cast<double>(n.bytes)};
+    FAIL("no all-reduce");
+    return std::pair{0.0, 0.0};
+  };
+  const auto [inside, b] = all_reduce(8, 8, "gpt8");
+  CHECK(inside == exactly(2 * 7 * 2e-6 + 2 * 7.0 / 8 * b / 4e11));  // a ring on NVLink
+  // Two nodes of 8: the ring's network hops carry an inside hop's share over 8 NICs; log2(16) steps.
+  const auto [two_nodes, b16] = all_reduce(16, 8, "gpt8");
+  CHECK(b16 == b);
+  CHECK(two_nodes == exactly(2 * 4 * 5e-6 + 2 * 15.0 / 16 * b / std::min(4e11, 8 * 4e10)));
+  // Sixteen hosts of one: each rank's own NIC carries it all, ten times slower than NVLink.
+  const auto [spread, unused] = all_reduce(16, 1, "gpt8");
+  CHECK(spread == exactly(2 * 4 * 5e-6 + 2 * 15.0 / 16 * b / 4e10));
+  // Past the same latency, its bandwidth term is 8 times two nodes': one NIC where those had eight.
+  CHECK(spread - 2 * 4 * 5e-6 == exactly(8 * (two_nodes - 2 * 4 * 5e-6)));
+}
