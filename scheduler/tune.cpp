@@ -162,6 +162,13 @@ void evaluate(Candidate& c, const Manifest& m, const TuneOptions& o, const std::
   const auto stats = rank_stats(p.dag, p.schedule);
   for (const auto& s : stats) c.bubble += s.bubble() / double(stats.size());
   for (const auto& u : p.memory) c.peak_bytes = std::max(c.peak_bytes, u.peak);
+  if (o.batch_size) {
+    double forward = 0;  // per sample
+    for (RegionId r : m.sequence) forward += static_cast<double>(m.flops(r));
+    c.model_flops = 3 * forward * static_cast<double>(*o.batch_size);
+  }
+  if (const auto& mc = p.costs.machine_desc(); mc && mc->roofline)
+    c.peak_flops = p.dag.stage(0).precision == DType::BF16 ? mc->roofline->peak_bf16 : mc->roofline->peak_fp32;
 }
 
 // A parameter that changed nothing (a balanced cut equal to the even one, prefetch with one unit)

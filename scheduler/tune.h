@@ -50,6 +50,14 @@ struct Candidate {
   double bubble = 0;                                  // mean idle fraction of the ranks' compute streams
   int64_t peak_bytes = 0;                             // the fullest rank's predicted peak
   uint64_t plan_hash = 0;                             // the compiled plan's identity (twins share it)
+  // Megatron's accounting (Narayanan et al. 2021): model FLOPs per step are three forwards' (the
+  // backward twice the forward) of the manifest's regions over the global batch, recomputation not
+  // counted; MFU divides their rate per device by its dense peak in the plan's precision. Zero when
+  // the batch is not given or the machine file states no peak.
+  double model_flops = 0;
+  double peak_flops = 0;
+  double tflops_per_device(int64_t np) const { return step_time > 0 ? model_flops / step_time / double(np) / 1e12 : 0; }
+  double mfu(int64_t np) const { return peak_flops > 0 ? tflops_per_device(np) * 1e12 / peak_flops : 0; }
   std::string label() const;                          // "1f1b pp=2 mb=8", "+recompute" when set
 };
 

@@ -74,6 +74,8 @@ void print_json(const TuneArgs& a, const sched::TuneResult& r) {
         j["step_time"] = c.step_time;
         j["bubble"] = c.bubble;
         j["peak_bytes"] = c.peak_bytes;
+        if (c.model_flops > 0) j["model_tflops_per_device"] = c.tflops_per_device(a.o.np);
+        if (c.peak_flops > 0 && c.model_flops > 0) j["mfu"] = c.mfu(a.o.np);
         out["ranked"].push_back(j);
       } else {
         j["rejected"] = c.rejected;
@@ -91,16 +93,19 @@ void print_table(const TuneArgs& a, const sched::TuneResult& r, const Manifest& 
              seconds, seconds > 0 ? 60 * double(r.plans()) / seconds : 0.0);
   if (r.unit_costs)
     fmt::print("unit costs price every microbatch alike whatever its size: pass --machine for a ranking of real plans\n");
-  fmt::print("{:>4}  {:<44} {:>12} {:>12} {:>7} {:>12}\n", "rank", "plan", fmt::format("step ({})", r.unit_costs ? "units" : "s"),
-             r.unit_costs ? "" : "tokens/s", "bubble", "peak/rank");
+  fmt::print("{:>4}  {:<44} {:>12} {:>12} {:>11} {:>6} {:>7} {:>12}\n", "rank", "plan",
+             fmt::format("step ({})", r.unit_costs ? "units" : "s"), r.unit_costs ? "" : "tokens/s", r.unit_costs ? "" : "TFLOP/s/dev",
+             r.unit_costs ? "" : "MFU", "bubble", "peak/rank");
   const auto& in = m.regions[static_cast<size_t>(m.sequence.front())].input;
   const int64_t seq = in && !in->shape.empty() ? in->shape[0] : 0;
   for (size_t i = 0; i < std::min(a.top, r.ranked.size()); ++i) {
     const auto& c = r.ranked[i];
     std::string tps = !r.unit_costs && o.batch_size && c.step_time > 0 ? fmt::format("{:.0f}", double(*o.batch_size * seq) / c.step_time)
                                                                         : "";
-    fmt::print("{:>4}  {:<44} {:>12.6g} {:>12} {:>6.1f}% {:>12}\n", i + 1, c.label(), c.step_time, tps, 100 * c.bubble,
-               human_bytes(double(c.peak_bytes)));
+    const std::string tflops = !r.unit_costs && c.model_flops > 0 ? fmt::format("{:.1f}", c.tflops_per_device(o.np)) : "";
+    const std::string mfu = !r.unit_costs && c.model_flops > 0 && c.peak_flops > 0 ? fmt::format("{:.1f}%", 100 * c.mfu(o.np)) : "";
+    fmt::print("{:>4}  {:<44} {:>12.6g} {:>12} {:>11} {:>6} {:>6.1f}% {:>12}\n", i + 1, c.label(), c.step_time, tps, tflops, mfu,
+               100 * c.bubble, human_bytes(double(c.peak_bytes)));
   }
   // The near misses: rejected plans of the library files that also had valid ones, first reasons.
   size_t shown = 0;
