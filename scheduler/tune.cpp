@@ -167,7 +167,9 @@ void evaluate(Candidate& c, const Manifest& m, const TuneOptions& o, const std::
     for (RegionId r : m.sequence) forward += static_cast<double>(m.flops(r));
     c.model_flops = 3 * forward * static_cast<double>(*o.batch_size);
   }
-  if (const auto& mc = p.costs.machine_desc(); mc && mc->roofline)
+  // Only where the roofline priced the chunks: a region without `work` runs at the file's one
+  // sustained rate whatever the precision, and a fraction of a peak it never used means nothing.
+  if (const auto& mc = p.costs.machine_desc(); mc && mc->roofline && p.costs.roofline())
     c.peak_flops = p.dag.stage(0).precision == DType::BF16 ? mc->roofline->peak_bf16 : mc->roofline->peak_fp32;
 }
 

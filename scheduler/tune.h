@@ -53,7 +53,7 @@ struct Candidate {
   // Megatron's accounting (Narayanan et al. 2021): model FLOPs per step are three forwards' (the
   // backward twice the forward) of the manifest's regions over the global batch, recomputation not
   // counted; MFU divides their rate per device by its dense peak in the plan's precision. Zero when
-  // the batch is not given or the machine file states no peak.
+  // the batch is not given, or the plan is not priced on a machine file's roofline.
   double model_flops = 0;
   double peak_flops = 0;
   double tflops_per_device(int64_t np) const { return step_time > 0 ? model_flops / step_time / double(np) / 1e12 : 0; }
