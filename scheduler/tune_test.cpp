@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include "lang/model_shapes.h"
 #include "tests/plan_fixture.h"
 
 using namespace piper;
@@ -198,4 +199,43 @@ TEST_CASE("a parameter a strategy file declares with values is searched, with no
   CHECK(params[1].sizes_mesh);
   CHECK(params[2].values.empty());  // no domain: not searched
   std::filesystem::remove_all(dir);
+}
+
+// Megatron's accounting, on a Llama shape (its regions say their work, so the H100 roofline prices
+// them): three forwards of the manifest's FLOPs over the batch, per device per second, against the
+// fp32 peak these fp32 plans run at; a roofline whose efficiencies are at most 1 never reaches it.
+// The GPT manifest says no work: its plans run at the file's one rate, and no MFU is claimed.
+TEST_CASE("piper-tune's model TFLOP/s and MFU: three forwards over the batch, against the peak the roofline priced") {
+  ShapeConfig shape = *shape_preset("llama3-8b");
+  shape.layers = 4, shape.seq = 1024;
+  SourceManager sm;
+  DiagnosticEngine diags(sm);
+  const auto m = parse_manifest(sm.add("llama.json", shape_manifest_json(shape)), sm, diags);
+  REQUIRE(m);
+  TuneOptions o;
+  o.np = 4;
+  o.batch_size = 8;
+  o.machine_path = PIPER_SOURCE_DIR "/machines/h100.json";
+  o.library = {"1f1b_dp_tp.piper"};
+  o.search_path = {PIPER_STRATEGY_DIR};
+  o.recompute = false;
+  const TuneResult r = tune(*m, o);
+  REQUIRE(!r.ranked.empty());
+  double forward = 0;
+  for (RegionId x : m->sequence) forward += double(m->flops(x));
+  for (const Candidate& c : r.ranked) {
+    CAPTURE(c.label());
+    CHECK(c.model_flops == doctest::Approx(3 * forward * 8));
+    CHECK(c.peak_flops == doctest::Approx(6.7e13));
+    CHECK(c.tflops_per_device(o.np) == doctest::Approx(c.model_flops / c.step_time / 4 / 1e12));
+    CHECK(c.mfu(o.np) > 0);
+    CHECK(c.mfu(o.np) < 1);
+  }
+  Planner f("gpt8");
+  o.library = {"1f1b.piper"};
+  const TuneResult gpt = tune(f.manifest, o);
+  REQUIRE(!gpt.ranked.empty());
+  CHECK(gpt.ranked.front().model_flops > 0);
+  CHECK(gpt.ranked.front().peak_flops == 0);
+  CHECK(gpt.ranked.front().mfu(o.np) == 0);
 }
