@@ -343,17 +343,26 @@ double CostModel::tp_share(const ir::Graph& g, const ir::Node& n) const {
 
 // The all-reduces a tensor-parallel piece runs inside: one per sharded region, of its partial
 // output in the forward and of its input gradient in the backward (none in BW), ring on the tp axis's link.
-double CostModel::tp_comm(const ir::Graph& g, const ir::Node& n) const {
+CostModel::TpTraffic CostModel::tp_traffic(const ir::Graph& g, const ir::Node& n) const {
   using ir::Op;
-  if (n.stage < 0 || n.op == Op::U || n.op == Op::BW) return 0;
+  if (n.stage < 0 || !ir::is_chunk(n.op) || n.op == Op::U || n.op == Op::BW) return {};
   const ir::Segment& seg = g.segment_of(n);
   const ir::TensorParallel& tp = g.stage(n.stage).tp;
-  if (seg.tp_regions.empty() || tp.ways <= 1) return 0;
-  const double calls = static_cast<double>(seg.tp_regions.size());
+  if (seg.tp_regions.empty() || tp.ways <= 1) return {};
+  TpTraffic t;
+  t.calls = static_cast<int64_t>(seg.tp_regions.size());
   // Partial sums travel in the compute precision (the manifest's outputs are fp32).
-  const double b = static_cast<double>(seg.tp_reduce_bytes) * static_cast<double>(samples_) /
-                   (g.stage(n.stage).precision == DType::BF16 ? 2 : 1);
-  return calls * collective_seconds(g, Op::AllReduce, b / calls, tp.ways, tp.axis);
+  t.bytes = static_cast<double>(seg.tp_reduce_bytes) * static_cast<double>(samples_) /
+            (g.stage(n.stage).precision == DType::BF16 ? 2 : 1);
+  if (machine_)
+    t.seconds = static_cast<double>(t.calls) * collective_seconds(g, Op::AllReduce, t.bytes / static_cast<double>(t.calls), tp.ways, tp.axis);
+  return t;
+}
+
+bool on_network(const ir::Graph& g, const ir::Node& n) {
+  const ir::HostFacts& hosts = g.facts.hosts;
+  if (n.op == ir::Op::Send || n.op == ir::Op::Recv) return hosts.handoff(n.stage, n.flags & ir::kBackward);
+  return hosts.axis(n.axis);
 }
 
 // A collective of k ranks along `axis`, `b` bytes each. Inside a host: a ring on the host's link
@@ -414,8 +423,8 @@ double CostModel::cost(const ir::Graph& g, const ir::Node& n, int64_t group_size
     }
   }
   const Machine& m = *machine_;
-  if (auto t = measured_chunk(g, n)) return *t + tp_comm(g, n);
-  if (auto t = roofline_chunk(g, n)) return *t + (n.op == Op::BW ? 0 : tp_comm(g, n));
+  if (auto t = measured_chunk(g, n)) return *t + tp_traffic(g, n).seconds;
+  if (auto t = roofline_chunk(g, n)) return *t + tp_traffic(g, n).seconds;
   if (n.op == Op::U && m.roofline) {
     // Adam over fp32 state: parameter, gradient and two moments read, three written (28 bytes a
     // parameter, 7× its fp32 bytes), and a bf16 copy written where the stage computes in bf16.
@@ -433,19 +442,17 @@ double CostModel::cost(const ir::Graph& g, const ir::Node& n, int64_t group_size
   const double fwd = static_cast<double>(n.flops) * static_cast<double>(samples_) / m.flops;
   // Backward = input gradient + weight gradient, each about one forward.
   switch (n.op) {
-    case Op::F: return fwd + tp_comm(g, n);
-    case Op::B: return 2 * fwd + tp_comm(g, n);
-    case Op::BI: return fwd + tp_comm(g, n);
+    case Op::F: return fwd + tp_traffic(g, n).seconds;
+    case Op::B: return 2 * fwd + tp_traffic(g, n).seconds;
+    case Op::BI: return fwd + tp_traffic(g, n).seconds;
     case Op::BW: return fwd;
     case Op::U: return 16.0 * static_cast<double>(n.bytes) / m.memory_bandwidth;  // read/write params, grads, 2 moments
     case Op::Recv: return 0;
     default: break;
   }
-  const ir::HostFacts& hosts = g.facts.hosts;
   const double b = static_cast<double>(n.bytes);
   if (n.op == Op::Send || n.op == Op::Broadcast) {
-    const bool crosses = n.op == Op::Send ? hosts.handoff(n.stage, n.flags & ir::kBackward) : hosts.axis(n.axis);
-    const Link& l = link_for(g.axis_name(n.axis), crosses, false);
+    const Link& l = link_for(g.axis_name(n.axis), on_network(g, n), false);
     return l.latency + b / l.bandwidth;
   }
   switch (n.op) {

@@ -86,6 +86,10 @@ struct UnitCosts {
 };
 std::optional<UnitCosts> parse_unit_costs(const std::string& spec, std::string* error);
 
+// Whether a communication node runs on the network between hosts (its group spans hosts, or its
+// pipeline handoff goes to another host): the tier the cost model prices it on, and reports show.
+bool on_network(const ir::Graph& g, const ir::Node& n);
+
 class CostModel {
  public:
   static CostModel unit(UnitCosts c) { CostModel m; m.unit_ = c; return m; }
@@ -104,6 +108,13 @@ class CostModel {
   double overlap(double sum_of_members) const { return unit_ && unit_->FB ? *unit_->FB : sum_of_members; }
   bool is_unit() const { return unit_.has_value(); }
   const std::optional<Machine>& machine_desc() const { return machine_; }
+  // The all-reduces a tensor-parallel piece runs inside (none elsewhere): how many, the bytes they
+  // move, and their seconds on the tp axis's tiers (0 under unit costs).
+  struct TpTraffic {
+    int64_t calls = 0;
+    double bytes = 0, seconds = 0;
+  };
+  TpTraffic tp_traffic(const ir::Graph& g, const ir::Node& n) const;
 
  private:
   std::optional<UnitCosts> unit_;
@@ -125,7 +136,6 @@ class CostModel {
   // A measured piece's time, or nothing when one of its regions was not measured.
   std::optional<double> measured_chunk(const ir::Graph& g, const ir::Node& n) const;
   double tp_share(const ir::Graph& g, const ir::Node& n) const;
-  double tp_comm(const ir::Graph& g, const ir::Node& n) const;
   // A collective's seconds on the tiers its group spans (inside a host, across hosts).
   double collective_seconds(const ir::Graph& g, ir::Op op, double bytes, int64_t group, int32_t axis) const;
   // The link a communication node runs on, along `axis`; `crosses`: its group or peer is on another host.

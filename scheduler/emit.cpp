@@ -25,16 +25,15 @@ std::string human_time(double t, bool unit) {
   return fmt::format("{:.1f} us", t * 1e6);
 }
 
-// Classes in the order of their first rank, so output reads rank 0 first.
+bool compute(const Node& n) { return ir::is_chunk(n.op); }
+}  // namespace
+
 std::vector<size_t> class_order(const Schedule& s) {
   std::vector<size_t> order(s.classes.size());
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return s.classes[a].ranks < s.classes[b].ranks; });
   return order;
 }
-
-bool compute(const Node& n) { return ir::is_chunk(n.op); }
-}  // namespace
 
 std::string emit_schedule(const ir::Graph& g, const Schedule& s) {
   std::string out = fmt::format("# per rank and stream, the order each runs; `wait` lists events from other streams, "
@@ -218,13 +217,16 @@ std::vector<RankStats> rank_stats(const ir::Graph& g, const Schedule& s) {
   return out;
 }
 
-namespace {
-// The class's fullest rank (ranks of a class differ only by a shard's rounding).
-const MemoryUse& fullest(const Schedule& s, const std::vector<MemoryUse>& mem, size_t c) {
-  const MemoryUse* best = &mem[static_cast<size_t>(s.classes[c].ranks.front())];
+int32_t fullest_rank(const Schedule& s, const std::vector<MemoryUse>& mem, size_t c) {
+  int32_t best = s.classes[c].ranks.front();
   for (int32_t r : s.classes[c].ranks)
-    if (mem[static_cast<size_t>(r)].peak > best->peak) best = &mem[static_cast<size_t>(r)];
-  return *best;
+    if (mem[static_cast<size_t>(r)].peak > mem[static_cast<size_t>(best)].peak) best = r;
+  return best;
+}
+
+namespace {
+const MemoryUse& fullest(const Schedule& s, const std::vector<MemoryUse>& mem, size_t c) {
+  return mem[static_cast<size_t>(fullest_rank(s, mem, c))];
 }
 int64_t cat(const MemoryUse& m, MemCategory c) { return m.at_peak[static_cast<size_t>(c)]; }
 }  // namespace

@@ -10,6 +10,11 @@
 
 namespace piper::sched {
 
+// Classes in the order of their first rank, so output reads rank 0 first.
+std::vector<size_t> class_order(const Schedule& s);
+// The class's fullest rank (ranks of a class differ only by a shard's rounding): the one reports show.
+int32_t fullest_rank(const Schedule& s, const std::vector<MemoryUse>& mem, size_t c);
+
 std::string emit_schedule(const ir::Graph& g, const Schedule& s);
 std::string emit_torch_csv(const ir::Graph& g, const Schedule& s);
 // With the manifest and memory: a counter track of each rank's simulated tensor memory too.

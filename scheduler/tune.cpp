@@ -136,8 +136,9 @@ std::vector<std::string> library_files(const TuneOptions& o, const std::vector<s
   return library;
 }
 
-// Compiles and simulates one candidate: its step, bubble and peak, or why it is no plan.
-void evaluate(Candidate& c, const Manifest& m, const TuneOptions& o, const std::vector<std::string>& path, bool& unit_costs) {
+// Compiles one candidate as `use "FILE";` with its settings would (the first error in `rejected`).
+std::optional<Plan> compile_candidate(const Candidate& c, const Manifest& m, const TuneOptions& o,
+                                      const std::vector<std::string>& path, std::string* rejected) {
   SourceManager sm;
   DiagnosticEngine diags(sm);
   PlanOptions po;
@@ -151,11 +152,15 @@ void evaluate(Candidate& c, const Manifest& m, const TuneOptions& o, const std::
   const FileId id = sm.add(fmt::format("{}/tune.piper", path.front()),
                            fmt::format("use \"{}\";\n{}", c.strategy, c.recompute ? "recompute layers[*];\n" : ""));
   auto res = compile_plan(id, m, po, sm, diags);
-  if (!res.plan) {
-    c.rejected = diags.all().empty() ? res.io_error : diags.all().front().message;
-    return;
-  }
-  const Plan& p = *res.plan;
+  if (!res.plan) *rejected = diags.all().empty() ? res.io_error : diags.all().front().message;
+  return std::move(res.plan);
+}
+
+// Compiles and simulates one candidate: its step, bubble and peak, or why it is no plan.
+void evaluate(Candidate& c, const Manifest& m, const TuneOptions& o, const std::vector<std::string>& path, bool& unit_costs) {
+  const std::optional<Plan> plan = compile_candidate(c, m, o, path, &c.rejected);
+  if (!plan) return;
+  const Plan& p = *plan;
   unit_costs = p.costs.is_unit();
   c.step_time = p.schedule.step_time;
   c.plan_hash = p.hash;
@@ -242,6 +247,10 @@ TuneResult tune(const Manifest& m, const TuneOptions& o) {
     return a.label() < b.label();
   });
   return r;
+}
+
+std::optional<Plan> candidate_plan(const Candidate& c, const Manifest& m, const TuneOptions& o, std::string* errors) {
+  return compile_candidate(c, m, o, search_path_of(o), errors);
 }
 
 std::string candidate_text(const Candidate& c, const std::string& model, const TuneOptions& o) {

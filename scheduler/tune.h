@@ -76,6 +76,10 @@ std::vector<SearchParam> strategy_params(const std::string& path, const std::vec
 
 TuneResult tune(const Manifest& m, const TuneOptions& o);
 
+// The candidate's plan, compiled again (piper-tune --report draws its winner); nothing, with the
+// first error in `errors`, when it does not compile.
+std::optional<Plan> candidate_plan(const Candidate& c, const Manifest& m, const TuneOptions& o, std::string* errors);
+
 // A short strategy that uses the library file with the candidate's parameters (what -o writes).
 std::string candidate_text(const Candidate& c, const std::string& model, const TuneOptions& o);
 

@@ -109,6 +109,12 @@ TEST_CASE("the plan piper-tune writes checks, and simulates to what it predicted
       int64_t peak = 0;
       for (const auto& u : p->memory) peak = std::max(peak, u.peak);
       CHECK(peak == c.peak_bytes);
+      // The plan --report draws is the one the search ranked.
+      std::string errors;
+      const auto again = candidate_plan(c, f.manifest, o, &errors);
+      REQUIRE_MESSAGE(again, errors);
+      CHECK(again->hash == c.plan_hash);
+      CHECK(again->schedule.step_time == c.step_time);
     }
   }
 }

@@ -21,6 +21,7 @@ packages=(
   libfmt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev doctest-dev libzip-dev
   libtorch-dev python3-torch libopenblas0-pthread
   libopenmpi-dev openmpi-bin
+  chromium fonts-liberation
 )
 [ "$torch" = pypi ] && packages+=(python3-venv)
 missing=()

@@ -106,6 +106,14 @@ ${PIPER_PYTHON:-/usr/bin/python3} -c "import json,sys; json.load(open(sys.argv[1
 contains err "step time" "the simulation's text on stderr when the JSON is on stdout"
 expect 2 "bad --cost" -- "$check" "$gpt" "$root/strategies/dp.piper" --cost F=x
 expect 2 "bad --memory-budget" -- "$check" "$gpt" "$root/strategies/dp.piper" --simulate --memory-budget lots
+expect 2 "bad --memory-budget without --simulate" -- "$check" "$gpt" "$root/strategies/dp.piper" --report "$tmp/r.html" --memory-budget lots
+# --report writes the page beside whatever --emit prints; a folder that is not there is a usage error.
+expect 0 "--report" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --set pp=2 --set mb=4 --report "$tmp/plan.html"
+contains out "1f1b.piper: ok" "the report still on stdout"
+grep -q '<script type="application/json" id="plan-data">{' "$tmp/plan.html" ||
+  { echo "FAIL: --report: no plan data in the page"; fails=$((fails + 1)); }
+expect 2 "--report into a missing folder" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --report "$tmp/no/such/plan.html"
+contains err "cannot write $tmp/no/such/plan.html" "the write error"
 
 if ((fails)); then echo "cli_test: $fails failed"; exit 1; fi
 echo "cli_test: all passed"

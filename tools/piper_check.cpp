@@ -19,6 +19,7 @@
 #include "lang/units.h"
 #include "scheduler/emit.h"
 #include "scheduler/plan.h"
+#include "scheduler/report.h"
 
 namespace {
 
@@ -71,7 +72,7 @@ struct CheckArgs {
   std::vector<std::string> sets, include_dirs;
   bool verify = false, list_emits = false, list_passes = false, verify_each = false, simulate = false, fit = false;
   bool global_norm = false;
-  std::string print_after, cost_spec, machine_path, budget_text, hosts;
+  std::string print_after, cost_spec, machine_path, budget_text, hosts, report;
 };
 
 // --hosts HOSTSxRANKS ("2x4": ranks 0-3 on the first host, 4-7 on the second), as mpirun fills a
@@ -113,7 +114,10 @@ std::optional<int> parse(int argc, char** argv, CheckArgs& a) {
                "plan for clipping by the global gradient norm, as piper-run --clip-grad-norm runs it (its all-reduce)");
   app.add_option("--hosts", a.hosts, "HOSTSxRANKS: the ranks on hosts in order (2x4: ranks 0-3 on one, 4-7 on the next); "
                  "the report says what crosses them, the simulation prices it on the machine file's network");
-  app.add_option("--memory-budget", a.budget_text, "per-device memory budget for --simulate, e.g. 80GiB");
+  app.add_option("--memory-budget", a.budget_text, "per-device memory budget for --simulate and --report, e.g. 80GiB");
+  app.add_option("--report", a.report,
+                 "also write the plan as one self-contained HTML page: timeline per rank and stream, memory against "
+                 "the budget, communication per link tier, the mesh");
   app.add_flag("--fit", a.fit, "with --memory-budget: the largest microbatch (samples) whose plan fits the budget");
   app.add_flag("--verify-diagnostics", a.verify,
                "test mode: check the diagnostics against `# expected-error {{...}}` comments in the sources");
@@ -137,6 +141,10 @@ std::optional<int> parse(int argc, char** argv, CheckArgs& a) {
   }
   if (!a.hosts.empty() && !parse_hosts(a.hosts)) {
     fmt::print(stderr, "piper-check: error: --hosts '{}': expected HOSTSxRANKS, e.g. 2x4\n", a.hosts);
+    return kUsage;
+  }
+  if (!a.budget_text.empty() && !parse_size(a.budget_text)) {
+    fmt::print(stderr, "piper-check: error: --memory-budget: '{}' is not a size like 80GiB\n", a.budget_text);
     return kUsage;
   }
   if (a.model.empty() || a.strategy.empty()) {
@@ -215,6 +223,18 @@ int write_output(const CheckArgs& a, const sched::Plan& plan, const EmitMode& mo
   return kOk;
 }
 
+// --report FILE: the page, with the budget shown whether or not --simulate checks against it.
+bool write_report(const CheckArgs& a, const sched::Plan& plan) {
+  sched::ReportContext ctx{a.strategy, a.model, a.machine_path, a.budget_text.empty() ? 0 : parse_size(a.budget_text).value_or(0),
+                           a.batch.value_or(0)};
+  std::ofstream out(a.report);
+  if (!(out << sched::emit_report_html(plan, ctx))) {
+    fmt::print(stderr, "piper-check: error: cannot write {}\n", a.report);
+    return false;
+  }
+  return true;
+}
+
 int check(const CheckArgs& a, const EmitMode& mode) {
   SourceManager sources;
   DiagnosticEngine diags(sources);
@@ -223,14 +243,7 @@ int check(const CheckArgs& a, const EmitMode& mode) {
     opt.after_pass = [&](const char* pass, const ir::Graph& g) {
       if (a.print_after == pass) std::cerr << "# after " << pass << "\n" << ir::emit_dag_text(g);
     };
-  if (a.simulate && !a.budget_text.empty()) {
-    auto b = parse_size(a.budget_text);
-    if (!b) {
-      fmt::print(stderr, "piper-check: error: --memory-budget: '{}' is not a size like 80GiB\n", a.budget_text);
-      return kUsage;
-    }
-    opt.memory_budget = *b;
-  }
+  if (a.simulate && !a.budget_text.empty()) opt.memory_budget = parse_size(a.budget_text);
   sched::PlanResult r = sched::compile_plan(a.model, a.strategy, opt, sources, diags);
   if (r.status == sched::PlanStatus::IoError && a.verify) {
     fmt::print(stderr, "piper-check: error: {}\n", r.io_error);
@@ -247,6 +260,7 @@ int check(const CheckArgs& a, const EmitMode& mode) {
     return kUsage;
   }
   if (r.status != sched::PlanStatus::Ok) return kInvalid;
+  if (!a.report.empty() && !write_report(a, *r.plan)) return kUsage;
   return write_output(a, *r.plan, mode, opt.memory_budget);
 }
 

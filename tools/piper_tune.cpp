@@ -9,13 +9,14 @@
 #include <nlohmann/json.hpp>
 
 #include "lang/units.h"
+#include "scheduler/report.h"
 #include "scheduler/tune.h"
 
 using namespace piper;
 
 namespace {
 struct TuneArgs {
-  std::string model, budget_text, output;
+  std::string model, budget_text, output, report;
   sched::TuneOptions o;
   size_t top = 10;
   bool json = false;
@@ -37,6 +38,7 @@ std::optional<int> parse(int argc, char** argv, TuneArgs& a) {
   app.add_option("--cost", o.cost_spec, "unit costs instead: F=1,B=2,W=1,comm=0 (the default)");
   app.add_option("--top", a.top, "rows of the table")->capture_default_str();
   app.add_option("-o,--output", a.output, "write the best plan as a .piper file that uses the library");
+  app.add_option("--report", a.report, "write the best plan's report, one self-contained HTML page (as piper-check --report)");
   app.add_option("--strategy", library, "search only these library files (repeatable)");
   app.add_option("-I,--include", include, "extra folder for the library and `use`");
   app.add_flag("--json", a.json, "every candidate as JSON on stdout, for scripts");
@@ -118,6 +120,24 @@ void print_table(const TuneArgs& a, const sched::TuneResult& r, const Manifest& 
 }
 }  // namespace
 
+// --report FILE: the winner compiled again and drawn.
+static int write_report(const TuneArgs& a, const sched::Candidate& best, const Manifest& m) {
+  std::string errors;
+  const auto plan = sched::candidate_plan(best, m, a.o, &errors);
+  if (!plan) {  // it compiled in the search: this would be Piper's bug
+    fmt::print(stderr, "piper-tune: internal error: the best plan no longer compiles: {}\n", errors);
+    return 3;
+  }
+  sched::ReportContext ctx{best.label(), a.model, a.o.machine_path, a.o.memory_budget.value_or(0), a.o.batch_size.value_or(0)};
+  std::ofstream out(a.report);
+  if (!(out << sched::emit_report_html(*plan, ctx))) {
+    fmt::print(stderr, "piper-tune: error: cannot write {}\n", a.report);
+    return 2;
+  }
+  if (!a.json) fmt::print("wrote {}: the report of {}\n", a.report, best.label());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   TuneArgs a;
   if (auto rc = parse(argc, argv, a)) return *rc;
@@ -148,5 +168,5 @@ int main(int argc, char** argv) {
     std::ofstream(a.output) << sched::candidate_text(r.ranked.front(), a.model, a.o);
     if (!a.json) fmt::print("wrote {}: {}\n", a.output, r.ranked.front().label());
   }
-  return 0;
+  return a.report.empty() ? 0 : write_report(a, r.ranked.front(), *loaded.manifest);
 }
