@@ -16,6 +16,7 @@ stmt        : 'param' NAME '=' expr ('in' domain)? ';'                    # para
             | 'shard' selectors 'over' axisRef shardDim? streamClause? ';' # shardStmt
             | 'split' 'batch' 'into' expr ';'                             # splitStmt
             | 'order' chain streamClause? ';'                             # orderStmt
+            | 'order' 'from' STRING ';'                                   # orderFromStmt
             | 'sequence' block                                            # sequenceStmt
             | 'recompute' selectors ';'                                   # recomputeStmt
             | 'precision' NAME ('for' selectors)? ';'                     # precisionStmt

@@ -118,12 +118,14 @@ struct OrderStmt {
   std::optional<StreamClause> stream;
 };
 struct SequenceStmt { Block body; };  // its orders run one after another, in evaluation order
+// `order from "schedule.csv";`: torch.distributed.pipelining's schedule file, a `sequence` per line.
+struct OrderFromStmt { std::string path; SourceLoc path_loc; };
 struct RecomputeStmt { std::vector<Selector> regions; };
 struct PrecisionStmt { std::string dtype; SourceLoc dtype_loc; std::vector<Selector> regions; };
 
 using StmtNode = std::variant<ParamStmt, LetStmt, MeshStmt, StreamStmt, UseStmt, AssertStmt, IfStmt,
                               ForStmt, PlaceStmt, ReplicateStmt, ShardStmt, SplitStmt, OrderStmt,
-                              SequenceStmt, RecomputeStmt, PrecisionStmt>;
+                              SequenceStmt, OrderFromStmt, RecomputeStmt, PrecisionStmt>;
 
 struct Stmt {
   SourceLoc loc;  // the statement's keyword

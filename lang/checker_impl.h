@@ -16,6 +16,7 @@
 #include "lang/checker.h"
 #include "lang/internal_error.h"
 #include "lang/suggest.h"
+#include "lang/torch_csv.h"
 
 namespace piper::check {
 
@@ -143,7 +144,8 @@ class Checker {
   // The stream a statement names ("" when none), its `sms` recorded; nothing after an error.
   std::optional<std::string> check_stream(const std::optional<ast::StreamClause>& st, const Env& env);
   bool check_sms(const ast::StreamClause& st, const Env& env);
-  std::optional<std::string> find_strategy(const std::string& path, FileId from, SourceLoc loc);
+  // `path` beside the file `from`, then on the search path; an error naming `what` when it is nowhere.
+  std::optional<std::string> find_strategy(const std::string& path, FileId from, SourceLoc loc, const char* what = "strategy");
   void stmt(const ast::UseStmt& u, const ast::Stmt& s, Env& env, UseContext&, FileId file);
   const ast::File* load(const std::string& canon);
   void stmt(const ast::AssertStmt& a, const ast::Stmt& s, Env& env, UseContext&, FileId);
@@ -161,6 +163,11 @@ class Checker {
   void stmt(const ast::SplitStmt& sp, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void stmt(const ast::OrderStmt& o, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void stmt(const ast::SequenceStmt& q, const ast::Stmt&, Env& env, UseContext& use, FileId file);
+  // `order from "schedule.csv"` (order_from.cpp): the file's lines run as sequences; once stages
+  // are known, each line checked to hold its own rank's tasks, each once, and all of them.
+  void stmt(const ast::OrderFromStmt& o, const ast::Stmt& s, Env& env, UseContext& use, FileId file);
+  void finish_schedule_files();
+  void check_schedule_line(const CsvSchedule& c, size_t line);
   void stmt(const ast::RecomputeStmt& r, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void stmt(const ast::PrecisionStmt& p, const ast::Stmt& s, Env& env, UseContext&, FileId);
 
@@ -214,6 +221,7 @@ class Checker {
   std::vector<std::string> stack_;
   std::map<std::string, const ast::File*> parsed_;
   std::vector<std::unique_ptr<ast::File>> owned_;
+  std::vector<std::unique_ptr<CsvSchedule>> schedules_;  // read by `order from`; their orders point into them
   // `place ... over AXIS balanced` (and `interleaved(v) balanced`, `vshape balanced`): cut into
   // chunks by cost once every placement is known.
   SourceLoc first_mesh_, first_place_, split_loc_, first_stmt_;

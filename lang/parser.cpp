@@ -128,6 +128,21 @@ class Builder {
     return out;
   }
 
+  ast::OrderStmt order_stmt(G::OrderStmtContext* p) {
+    ast::OrderStmt o;
+    for (auto* g : p->chain()->group()) {
+      ast::TaskGroup group;
+      for (auto* t : g->task()) {
+        ast::Task task{t->NAME()->getText(), {}, ctx_loc(f_, t)};
+        for (auto* e : t->expr()) task.args.push_back(expr(e));
+        group.push_back(std::move(task));
+      }
+      o.chain.push_back(std::move(group));
+    }
+    o.stream = stream(p->streamClause());
+    return o;
+  }
+
   ast::StmtPtr stmt(G::StmtContext* c) {
     auto s = std::make_unique<ast::Stmt>();
     s->loc = tok_loc(f_, c->getStart());
@@ -203,18 +218,10 @@ class Builder {
     } else if (auto* p = dynamic_cast<G::SplitStmtContext*>(c)) {
       s->node = ast::SplitStmt{expr(p->expr())};
     } else if (auto* p = dynamic_cast<G::OrderStmtContext*>(c)) {
-      ast::OrderStmt o;
-      for (auto* g : p->chain()->group()) {
-        ast::TaskGroup group;
-        for (auto* t : g->task()) {
-          ast::Task task{t->NAME()->getText(), {}, ctx_loc(f_, t)};
-          for (auto* e : t->expr()) task.args.push_back(expr(e));
-          group.push_back(std::move(task));
-        }
-        o.chain.push_back(std::move(group));
-      }
-      o.stream = stream(p->streamClause());
-      s->node = std::move(o);
+      s->node = order_stmt(p);
+    } else if (auto* p = dynamic_cast<G::OrderFromStmtContext*>(c)) {
+      std::string quoted = p->STRING()->getText();
+      s->node = ast::OrderFromStmt{quoted.substr(1, quoted.size() - 2), tok_loc(f_, p->STRING()->getSymbol())};
     } else if (auto* p = dynamic_cast<G::SequenceStmtContext*>(c)) {
       s->node = ast::SequenceStmt{block(p->block()->stmt())};
     } else if (auto* p = dynamic_cast<G::RecomputeStmtContext*>(c)) {

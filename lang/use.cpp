@@ -8,7 +8,7 @@
 
 namespace piper::check {
 
-std::optional<std::string> Checker::find_strategy(const std::string& path, FileId from, SourceLoc loc) {
+std::optional<std::string> Checker::find_strategy(const std::string& path, FileId from, SourceLoc loc, const char* what) {
   std::vector<fs::path> dirs{fs::path(sources_.name(from)).parent_path()};
   for (const auto& d : opt_.search_path) dirs.emplace_back(d);
   std::vector<std::string> tried;
@@ -19,7 +19,7 @@ std::optional<std::string> Checker::find_strategy(const std::string& path, FileI
     tried.push_back(p.parent_path().string());
     if (fs::path(path).is_absolute()) break;
   }
-  diags_.error(loc, fmt::format("cannot find strategy \"{}\"", path))
+  diags_.error(loc, fmt::format("cannot find {} \"{}\"", what, path))
       .note(SourceLoc{}, fmt::format("looked in: {}", fmt::join(tried, ", ")));
   return std::nullopt;
 }

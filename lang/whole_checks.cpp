@@ -31,6 +31,7 @@ void Checker::finish() {
   finish_batch();
   if (diags_.has_errors()) return;
   finish_orders();
+  if (!diags_.has_errors()) finish_schedule_files();
 }
 
 void Checker::finish_mesh() {

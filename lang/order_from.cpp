@@ -1,0 +1,83 @@
+// `order from "schedule.csv";`: a torch.distributed.pipelining schedule file as the plan's order.
+// Each line is a pipeline rank's program: its actions run as one `sequence` (so the rank runs them in
+// the file's order), and once stages are placed each line must hold exactly its own rank's tasks.
+#include <fstream>
+#include <sstream>
+
+#include "lang/checker_impl.h"
+
+namespace piper::check {
+
+void Checker::stmt(const ast::OrderFromStmt& o, const ast::Stmt& s, Env& env, UseContext& use, FileId file) {
+  auto path = find_strategy(o.path, file, o.path_loc, "schedule");
+  if (!path) return;
+  std::error_code ec;
+  constexpr uintmax_t kMaxBytes = 16 << 20;  // thousands of microbatches × stages fit in far less
+  if (auto size = fs::file_size(*path, ec); ec || size > kMaxBytes) {
+    diags_.error(o.path_loc, ec ? fmt::format("cannot read schedule {}: {}", *path, ec.message())
+                                : fmt::format("{} is {} bytes, too large for a schedule", *path, size));
+    return;
+  }
+  std::ifstream in(*path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  const FileId id = sources_.add(*path, text.str());
+  auto csv = read_torch_csv(id, sources_, diags_);
+  if (!csv) return;
+  schedules_.push_back(std::make_unique<CsvSchedule>(std::move(*csv)));
+  diags_.push_context(s.loc, fmt::format("in schedule \"{}\" read here", o.path));
+  for (const ast::StmtPtr& line : schedules_.back()->sequences)
+    stmt(std::get<ast::SequenceStmt>(line->node), *line, env, use, file);
+  diags_.pop_context();
+}
+
+void Checker::finish_schedule_files() {
+  int64_t ranks = 0;
+  for (const Stage& st : out_.stages) ranks = std::max(ranks, st.coord + 1);
+  for (const auto& c : schedules_) {
+    if (static_cast<int64_t>(c->lines.size()) != ranks) {
+      const SourceLoc at = c->line_locs.empty() ? SourceLoc{} : c->line_locs.front();
+      diags_.error(at, fmt::format("the schedule has {} line{}, one per pipeline rank, but the plan has {} pipeline rank{}",
+                                   c->lines.size(), c->lines.size() == 1 ? "" : "s", ranks, ranks == 1 ? "" : "s"));
+      continue;
+    }
+    for (size_t r = 0; r < c->lines.size(); ++r) check_schedule_line(*c, r);
+  }
+}
+
+// Line r holds only stages placed on pipeline rank r, each task once, and every task of them: a
+// forward per microbatch, and a backward, whole (B) or as both halves (I and W).
+void Checker::check_schedule_line(const CsvSchedule& c, size_t r) {
+  std::map<std::tuple<char, int64_t, int64_t>, SourceLoc> seen;
+  for (const auto& step : c.lines[r])
+    for (const CsvAction& a : step) {
+      const int64_t coord = out_.stages[static_cast<size_t>(a.stage)].coord;  // in range: expansion checked it
+      if (coord != static_cast<int64_t>(r)) {
+        diags_.error(a.loc, fmt::format("stage {} runs on pipeline rank {}, but this is line {}, rank {}'s", a.stage, coord,
+                                        r + 1, r));
+        return;
+      }
+      auto [it, fresh] = seen.emplace(std::make_tuple(a.type, a.stage, a.microbatch), a.loc);
+      if (!fresh) {
+        diags_.error(a.loc, fmt::format("{}{}{} appears twice", a.stage, a.type, a.microbatch)).note(it->second, "first here");
+        return;
+      }
+    }
+  for (size_t s = 0; s < out_.stages.size(); ++s) {
+    if (out_.stages[s].coord != static_cast<int64_t>(r)) continue;
+    for (int64_t mb = 0; mb < out_.microbatches; ++mb) {
+      auto has = [&](char t) { return seen.count(std::make_tuple(t, static_cast<int64_t>(s), mb)) > 0; };
+      std::string missing;
+      if (!has('F')) missing = "forward";
+      else if (!has('B') && !has('I') && !has('W')) missing = "backward";
+      else if (!has('B') && has('I') != has('W')) missing = has('I') ? "weight gradient (W)" : "input gradient (I)";
+      if (missing.empty()) continue;
+      diags_.error(c.line_locs[r], fmt::format("line {} (pipeline rank {}) has no {} of stage {} for microbatch {}", r + 1, r,
+                                               missing, s, mb))
+          .note(SourceLoc{}, "a schedule runs every task of the rank's stages: F, and B or both I and W, per microbatch");
+      return;
+    }
+  }
+}
+
+}  // namespace piper::check

@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""Writes torch's own schedule CSVs for the round-trip tests (tests/torch_csv_test.sh): each
+schedule class of torch.distributed.pipelining computes its compute-only pipeline_order, and
+PipelineScheduleMulti._dump_csv writes it as torch does (csv.writer: \\r\\n, empty cells for idle
+steps). Stages are stand-ins carrying only what the constructors read; nothing runs.
+
+    PYTHON gen_torch_csv.py OUT_DIR     (PYTHON: the PyTorch 2 venv's, scripts/setup.sh --torch pypi)
+"""
+import os
+import sys
+
+import torch
+from torch.distributed.pipelining import schedules as S
+
+
+class Stage:
+    """What a schedule's constructor reads of a _PipelineStageBase."""
+
+    def __init__(self, index, num_stages, pp):
+        self.stage_index, self.num_stages, self.group_rank, self.group_size = index, num_stages, 0, pp
+        self.is_first, self.is_last = index == 0, index == num_stages - 1
+        self.submod = None
+
+
+def dump(cls, pp, mb, v_shape, path):
+    ids = [0, 2 * pp - 1] if v_shape else [0, pp]  # rank 0's two stages; the order covers every rank
+    schedule = cls([Stage(i, 2 * pp, pp) for i in ids], mb, loss_fn=lambda out, target: out)
+    # The compute-only order, as PipelineScheduleMulti._dump_csv writes it (the runtime schedules'
+    # own _dump_csv writes the order after torch added its communication actions).
+    S.PipelineScheduleMulti._dump_csv(schedule, path)
+
+
+if __name__ == "__main__":
+    out = sys.argv[1]
+    for name, cls, v_shape in [("interleaved_1f1b", S.ScheduleInterleaved1F1B, False),
+                               ("interleaved_zb", S.ScheduleInterleavedZeroBubble, False),
+                               ("zbv", S.ScheduleZBVZeroBubble, True),
+                               ("dualpipev", S.ScheduleDualPipeV, True)]:
+        dump(cls, 2, 4, v_shape, os.path.join(out, f"{name}_pp2_mb4.csv"))
+    print(f"torch {torch.__version__}: wrote 4 schedules to {out}")
