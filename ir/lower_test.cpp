@@ -176,6 +176,26 @@ TEST_CASE("expert parallelism: all-to-all around every layer's experts, forward 
   CHECK(reduced == f.manifest.param_bytes(0) - expert_bytes);
 }
 
+// The design card's line: `on stream` after an order puts the ordered tasks' exchanges on that
+// stream, where one's all-to-all can run while the other computes; their pieces stay on compute.
+TEST_CASE("an order's stream takes its tasks' all-to-alls, and the tasks' pieces stay on the compute stream") {
+  Front f("moe8");
+  Graph g = lowered(f, "mesh ep = 2;\nsplit batch into 4;\nstream a2a_f, a2a_b;\nreplicate * over ep;\n"
+                       "shard layers[*].moe.experts over ep;\norder fwd(i) || bwd(i - 1) on stream comm;\n"
+                       "order fwd(3) on stream a2a_f;\norder bwd(3) on stream a2a_b;\n");
+  auto stream_of = [&](const std::string& token) { return g.streams[find(g, token).stream]; };
+  for (const char* piece : {"0F1.s0", "0F1.s1", "0B0.s1", "0F3.s2", "0B3.s2"}) CHECK_MESSAGE(stream_of(piece) == "compute", piece);
+  for (const char* a2a : {"0A2A_DF1.s1", "0A2A_CF1.s1", "0A2A_DB0.s1", "0A2A_CB2.s1"}) CHECK_MESSAGE(stream_of(a2a) == "comm", a2a);
+  CHECK(stream_of("0A2A_DF3.s1") == "a2a_f");  // the later order wins for microbatch 3
+  CHECK(stream_of("0A2A_CB3.s1") == "a2a_b");
+  // An order without a stream moves nothing: the exchanges stay where `shard` put them (comm).
+  Front h("moe8");
+  Graph plain = lowered(h, "mesh ep = 2;\nsplit batch into 4;\nreplicate * over ep;\nshard layers[*].moe.experts over ep;\n"
+                           "order fwd(i) || bwd(i - 1);\n");
+  CHECK(plain.streams[find(plain, "0A2A_DF1.s1").stream] == "comm");
+  CHECK(plain.streams[find(plain, "0F1.s1").stream] == "compute");
+}
+
 TEST_CASE("zero-bubble: backwards named as bwd_input/bwd_weight split, weights feed the update") {
   Front f;
   CommandLine cmd;

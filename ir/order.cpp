@@ -1,6 +1,6 @@
 // Pass 11, order: `order` directives become temporal edges — from the sinks of each group's tasks
-// to the sources of the next group's — `a || b` marks a co-scheduled group, and `on stream` moves
-// the tasks to a logical stream. An order that would make the DAG cyclic, or that relates tasks on
+// to the sources of the next group's — `a || b` marks a co-scheduled group, and `on stream` puts
+// the tasks' exchanges (their all-to-alls) on a logical stream. An order that would make the DAG cyclic, or that relates tasks on
 // different devices, is the user's error, reported at the directive(s) responsible.
 #include <fmt/format.h>
 
@@ -68,10 +68,37 @@ void report_cycle(LowerContext& c, const std::vector<const Directive*>& dirs, co
   for (size_t i = 0; i + 1 < orders.size(); ++i) diag.note(dirs[static_cast<size_t>(orders[i])]->loc, "the cycle also uses this order");
   if (orders.size() == 1) diag.note(SourceLoc{}, "the rest of the cycle is data dependencies (a forward precedes its backward, stage s precedes s+1)");
 }
+
+// The all-to-alls a task's pieces exchange (expert dispatch and combine): (stage, microbatch,
+// backward) -> nodes.
+using Exchanges = std::map<std::tuple<int32_t, int32_t, bool>, std::vector<NodeId>>;
+Exchanges task_exchanges(const Graph& g) {
+  Exchanges out;
+  for (NodeId v = 0; v < NodeId(g.nodes.size()); ++v) {
+    const Node& n = g.nodes[static_cast<size_t>(v)];
+    if (n.op == Op::AllToAll && n.microbatch >= 0) out[{n.stage, n.microbatch, (n.flags & kBackward) != 0}].push_back(v);
+  }
+  return out;
+}
+
+// `order ... on stream S` puts the ordered tasks' exchanges on S: one task's all-to-all can then
+// run while its `||` partner computes. The pieces stay on the compute stream: moving them to S
+// (as this pass once did) queued the compute behind the very exchange it was to hide.
+void move_exchanges(Graph& g, const OrderDirective& o, const Exchanges& exchanges) {
+  const StreamId st = g.stream(o.stream);
+  for (const auto& group : o.chain)
+    for (const Task& t : group) {
+      if (t.kind == TaskKind::BwdWeight) continue;  // a weight gradient exchanges nothing
+      auto it = exchanges.find({int32_t(t.stage), int32_t(t.microbatch), t.kind != TaskKind::Fwd});
+      if (it == exchanges.end()) continue;
+      for (NodeId v : it->second) g.nodes[static_cast<size_t>(v)].stream = st;
+    }
+}
 }  // namespace
 
 void order_pass(LowerContext& c) {
   Graph& g = c.graph;
+  const Exchanges exchanges = task_exchanges(g);
   // The pieces of each task: (op, stage, microbatch) -> nodes in segment order.
   std::map<std::tuple<Op, int32_t, int32_t>, std::vector<NodeId>> pieces;
   for (NodeId v = 0; v < NodeId(g.nodes.size()); ++v) {
@@ -96,12 +123,7 @@ void order_pass(LowerContext& c) {
     if (!o) continue;
     int32_t label = static_cast<int32_t>(dirs.size());
     dirs.push_back(&d);
-    if (!o->stream.empty()) {
-      StreamId st = g.stream(o->stream);
-      for (const auto& group : o->chain)
-        for (const Task& t : group)
-          for (NodeId v : task_nodes(t)) g.nodes[static_cast<size_t>(v)].stream = st;
-    }
+    if (!o->stream.empty()) move_exchanges(g, *o, exchanges);
     // Co-scheduled tasks start together: their entry pieces form the group. Later pieces of a task
     // cut at sharded regions follow as their data allows, interleaving with the partner's (their
     // all-to-alls then hide behind the partner's compute, as in DualPipe).

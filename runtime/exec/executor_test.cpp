@@ -123,7 +123,8 @@ std::vector<double> distributed(const std::string& strategy, std::vector<std::st
   if (through_nccl) CHECK(!nccl.log(0).empty());  // its communicators were made, so NCCL carried the traffic
   if (expert_bytes) {
     *expert_bytes = 0;
-    for (const auto& c : comms) *expert_bytes += c->bytes_sent(kExpertChannel);
+    for (const auto& c : comms)  // every stream's expert channel
+      for (ir::StreamId s = 0; s < static_cast<ir::StreamId>(plan->dag.streams.size()); ++s) *expert_bytes += c->bytes_sent(expert_channel(s));
   }
   return losses.front();
 }

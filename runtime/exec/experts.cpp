@@ -16,7 +16,7 @@ torch::Tensor owned_by(const StageView::Experts& ex, size_t k, torch::Device on)
 
 // Sends parts[k] (rows of floats) to member k; returns what each member sent here, rows of `width`,
 // `rows_from[k]` of them from member k, one after another in group order.
-torch::Tensor exchange(Communicator& comm, const std::vector<int>& group, const std::vector<torch::Tensor>& parts,
+torch::Tensor exchange(Communicator& comm, const std::vector<int>& group, int channel, const std::vector<torch::Tensor>& parts,
                        const std::vector<int64_t>& rows_from, int64_t width) {
   std::vector<size_t> send_bytes, recv_bytes;
   std::vector<torch::Tensor> flat;
@@ -31,7 +31,7 @@ torch::Tensor exchange(Communicator& comm, const std::vector<int>& group, const 
   }
   torch::Tensor send = torch::cat(flat);
   torch::Tensor recv = torch::empty({rows, width}, send.options());
-  comm.all_to_all_v(send.data_ptr(), send_bytes, recv.data_ptr(), recv_bytes, group, kExpertChannel);
+  comm.all_to_all_v(send.data_ptr(), send_bytes, recv.data_ptr(), recv_bytes, group, channel);
   return recv;
 }
 }  // namespace
@@ -54,10 +54,10 @@ void ExpertExchange::dispatch(const PieceIO& router, PieceIO& expert) {
   }
   // Counts first: each member learns how many tokens it gets from each.
   const std::vector<size_t> one(ways, sizeof(int64_t));
-  comm.all_to_all_v(count_to.data(), one, count_from.data(), one, ex.group, kExpertChannel);
+  comm.all_to_all_v(count_to.data(), one, count_from.data(), one, ex.group, channel);
   expert.route_from = count_from;
   const int64_t mine = static_cast<int64_t>(ex.owned.size());
-  torch::Tensor got = exchange(comm, ex.group, parts, count_from, d + mine);
+  torch::Tensor got = exchange(comm, ex.group, channel, parts, count_from, d + mine);
   expert.inputs = {got.slice(1, 0, d).contiguous().requires_grad_(true),
                    got.slice(1, d, d + mine).contiguous().requires_grad_(true)};
 }
@@ -75,7 +75,7 @@ torch::Tensor ExpertExchange::combine(const PieceIO& router, const PieceIO& expe
     at += static_cast<size_t>(n);
     rows_from.push_back(expert.route_to[k].size(0));
   }
-  const torch::Tensor got = exchange(comm, ex.group, back, rows_from, d);
+  const torch::Tensor got = exchange(comm, ex.group, channel, back, rows_from, d);
   torch::Tensor y = torch::zeros({a.numel() / d, d}, a.options());
   for (size_t k = 0, at = 0; k < ex.group.size(); ++k) {
     const int64_t n = rows_from[k];
@@ -93,7 +93,7 @@ torch::Tensor ExpertExchange::combine_transpose(const torch::Tensor& grad_out, P
   const torch::Tensor gf = gx.view({-1, d});
   std::vector<torch::Tensor> parts;
   for (const auto& idx : expert.route_to) parts.push_back(gf.index_select(0, idx));
-  return exchange(comm, ex.group, parts, expert.route_from, d);
+  return exchange(comm, ex.group, channel, parts, expert.route_from, d);
 }
 
 std::vector<torch::Tensor> ExpertExchange::dispatch_transpose(const std::vector<torch::Tensor>& grad_inputs,
@@ -131,7 +131,7 @@ std::vector<torch::Tensor> ExpertExchange::dispatch_transpose(const std::vector<
   }
   const torch::Tensor send = torch::cat(flat);
   torch::Tensor recv = torch::empty({total}, send.options());
-  comm.all_to_all_v(send.data_ptr(), send_bytes, recv.data_ptr(), recv_bytes, ex.group, kExpertChannel);
+  comm.all_to_all_v(send.data_ptr(), send_bytes, recv.data_ptr(), recv_bytes, ex.group, channel);
   torch::Tensor out_h = torch::zeros({h.numel() / d, d}, h.options()), out_g = torch::zeros({g.numel() / experts, experts}, g.options());
   int64_t at = 0;
   for (size_t k = 0; k < ex.group.size(); ++k) {

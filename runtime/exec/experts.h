@@ -23,6 +23,7 @@ namespace piper::runtime {
 struct ExpertExchange {
   Communicator& comm;
   const StageView::Experts& ex;
+  int channel;  // expert_channel of the stream the exchange runs on
 
   // `router`: the dense piece that ends with the router ({attention, h, gates}); fills expert.inputs.
   void dispatch(const PieceIO& router, PieceIO& expert);

@@ -104,7 +104,7 @@ void Executor::Impl::backward(NodeId v) {
 
 void Executor::Impl::all_to_all(NodeId v) {
   const Node& n = node(v);
-  ExpertExchange x{comm, view.stages.at(n.stage).experts.at(n.segment)};
+  ExpertExchange x{comm, view.stages.at(n.stage).experts.at(n.segment), expert_channel(n.stream)};
   PieceIO &router = io_at(n, static_cast<int16_t>(n.segment - 1)), &expert = io_of(n);
   auto& out = values[static_cast<size_t>(v)];
   const bool back = n.flags & ir::kBackward;

@@ -58,7 +58,7 @@ void limited_groups(const sched::Plan& p, const std::vector<int>& everyone, Rank
         break;
       case ir::Payload::Dispatch:
       case ir::Payload::Combine:
-        if (st != v.stages.end() && !st->second.experts.empty()) key = {st->second.experts.begin()->second.group, kExpertChannel};
+        if (st != v.stages.end() && !st->second.experts.empty()) key = {st->second.experts.begin()->second.group, expert_channel(x.stream)};
         break;
       case ir::Payload::Tied:
         if (auto t = v.ties.find(x.bucket); t != v.ties.end()) key = {t->second.group, kTieChannel};
@@ -69,6 +69,18 @@ void limited_groups(const sched::Plan& p, const std::vector<int>& everyone, Rank
     if (!key || !v.groups.count(*key)) continue;
     auto [it, fresh] = v.group_sms.emplace(*key, static_cast<int>(sms));
     if (!fresh) it->second = std::min(it->second, static_cast<int>(sms));
+  }
+}
+// The expert groups this rank joins, a channel per stream their exchanges run on.
+void expert_groups(const sched::Plan& p, RankView& v) {
+  const ir::Graph& g = p.dag;
+  for (size_t n = 0; n < g.nodes.size(); ++n) {
+    const Node& x = g.nodes[n];
+    if (x.op != Op::AllToAll || !v.mine(p, static_cast<NodeId>(n))) continue;
+    const auto st = v.stages.find(x.stage);
+    if (st == v.stages.end()) continue;
+    if (auto e = st->second.experts.find(x.segment); e != st->second.experts.end())
+      v.groups.insert({e->second.group, expert_channel(x.stream)});
   }
 }
 }  // namespace
@@ -126,12 +138,12 @@ RankView make_rank_view(const sched::Plan& p, int rank, int world, int max_tag) 
       ex.shard = &e;
       ex.owned = e.owned(f.mesh.coord(rank, e.axis));
       for (int32_t r : f.mesh.group_along(rank, e.axis)) ex.group.push_back(r);
-      v.groups.insert({ex.group, kExpertChannel});
       sv.experts[e.segment] = std::move(ex);
     }
     tensor_group(f.mesh, rank, v, sv);
     v.stages.emplace(x.stage, std::move(sv));
   }
+  expert_groups(p, v);
   for (const ir::TieFacts& t : f.ties) {
     RankView::TieView tv;
     for (int32_t s : t.stages)

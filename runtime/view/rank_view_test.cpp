@@ -150,7 +150,8 @@ TEST_CASE("`sms` on a stream limits the communicators of the collectives that ru
     const RankView v = make_rank_view(plan, rank, 4, 1 << 30);
     REQUIRE(v.group_sms.size() == 1);
     const auto& [key, sms] = *v.group_sms.begin();
-    CHECK(key.second == kExpertChannel);
+    CHECK(key.second == expert_channel(static_cast<ir::StreamId>(
+                            std::find(plan.dag.streams.begin(), plan.dag.streams.end(), "a2a") - plan.dag.streams.begin())));
     CHECK(sms == 20);
     CHECK(v.groups.count(key) == 1);
     CHECK(std::find(key.first.begin(), key.first.end(), rank) != key.first.end());
