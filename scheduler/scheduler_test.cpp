@@ -130,6 +130,28 @@ TEST_CASE("ZBV follows torch's ScheduleZBVZeroBubble order, phase by phase") {
         "1F0,2F0,1F1,2F1,2I0,2W0,1F2,1I0,1W0,2F2,2I1,2W1,1F3,1I1,1W1,2F3,2I2,2W2,1I2,2I3,1I3,1W2,2W3,1W3");
 }
 
+// Interleaved zero bubble (torch's ScheduleInterleavedZeroBubble, order checked against torch's own
+// files in tests/torch_csv_test.sh): with unit costs per chunk (F = I = W = 1) every rank idles
+// ZB1P's (pp-1)(F+B-2W) = pp-1 chunk times, a third of interleaved 1F1B's (pp-1)(F+B), and holds
+// fewer activations than interleaved 1F1B at its fullest.
+TEST_CASE("interleaved zero bubble: idle (PP-1)(F+B-2W) of a chunk on every rank, PP 4, 8, 16") {
+  for (int p : {4, 8, 16}) {
+    CAPTURE(p);
+    Planner f("gpt32");
+    const std::vector<std::string> sets{fmt::format("pp={}", p), "v=2", fmt::format("mb={}", 2 * p)};
+    auto zb = plan(f, "use \"interleaved_zb.piper\";\n", sets);
+    auto il = plan(f, "use \"interleaved_1f1b.piper\";\n", sets);
+    CHECK(bubble(zb).first == doctest::Approx((p - 1) * (1 + 2 - 2 * 1)));
+    CHECK(bubble(il).first == doctest::Approx((p - 1) * (1 + 2)));
+    auto act = [](const Plan& x) {
+      int64_t m = 0;
+      for (const auto& r : x.memory) m = std::max(m, r.at_peak[static_cast<size_t>(MemCategory::Activations)]);
+      return double(m);
+    };
+    CHECK(act(zb) < act(il));
+  }
+}
+
 TEST_CASE("the library's 1F1B comes out as textbook 1F1B: warm-up p-s-1 forwards, alternate, cool down") {
   Planner f;
   auto pl = plan(f, "use \"1f1b.piper\";\n", {"pp=4", "mb=8"});

@@ -27,6 +27,16 @@ done
 grep -q 'OVERLAP_F_B' "$tmp/dualpipev.out" || fail "dualpipev: no overlapped pair written back"
 grep -q ',,' "$root/tests/torch_csv/interleaved_1f1b_pp2_mb4.csv" || fail "interleaved_1f1b: torch's idle cells are gone"
 
+# The library's interleaved_zb.piper is torch's ScheduleInterleavedZeroBubble, action for action, over
+# pp, v and mb (gpt1b's 24 layers cut into pp × v stages).
+for csv in "$root"/tests/torch_csv/interleaved_zb_pp*_v*_mb*.csv; do
+  read -r pp v mb < <(basename "$csv" .csv | sed 's/interleaved_zb_pp\([0-9]*\)_v\([0-9]*\)_mb\([0-9]*\)/\1 \2 \3/')
+  "$check" "$root/tests/manifests/gpt1b.json" "$root/strategies/interleaved_zb.piper" --set pp="$pp" --set v="$v" \
+    --set mb="$mb" --emit torch-csv -o "$tmp/izb.out" 2>"$tmp/err" || { fail "interleaved_zb pp=$pp v=$v mb=$mb"; cat "$tmp/err"; }
+  tr -d '\r' <"$csv" | sed 's/,,*/,/g; s/^,//; s/,$//' >"$tmp/izb.want"
+  diff -q "$tmp/izb.want" "$tmp/izb.out" >/dev/null || fail "interleaved_zb.piper pp=$pp v=$v mb=$mb is not torch's order"
+done
+
 # A 1F1B over pp=2 (stages 0 and 1), 4 microbatches, whose schedule is FILE.
 strategy() {
   printf 'mesh pp = 2;\nsplit batch into 4;\nplace embed on pp = 0;\nplace layers[*] over pp;\nplace head on pp = 1;\norder from "%s";\n' "$1" >"$tmp/s.piper"
@@ -68,4 +78,4 @@ strategy missing.csv
 grep -qF 'error: cannot find schedule "missing.csv"' "$tmp/err" || { fail "a missing file"; cat "$tmp/err"; }
 
 if ((fails)); then echo "torch_csv_test: $fails failed"; exit 1; fi
-echo "torch_csv_test: 4 torch files round-trip; every malformed file refused where it is wrong"
+echo "torch_csv_test: 4 torch files round-trip; interleaved_zb.piper is torch's order in 6 configurations; every malformed file refused where it is wrong"

@@ -22,9 +22,10 @@ class Stage:
         self.submod = None
 
 
-def dump(cls, pp, mb, v_shape, path):
-    ids = [0, 2 * pp - 1] if v_shape else [0, pp]  # rank 0's two stages; the order covers every rank
-    schedule = cls([Stage(i, 2 * pp, pp) for i in ids], mb, loss_fn=lambda out, target: out)
+def dump(cls, pp, mb, v_shape, path, v=2):
+    # Rank 0's stages (the order is computed for every rank): a V's 0 and 2pp-1, else 0, pp, 2pp, ...
+    ids = [0, 2 * pp - 1] if v_shape else [k * pp for k in range(v)]
+    schedule = cls([Stage(i, v * pp, pp) for i in ids], mb, loss_fn=lambda out, target: out)
     # The compute-only order, as PipelineScheduleMulti._dump_csv writes it (the runtime schedules'
     # own _dump_csv writes the order after torch added its communication actions).
     S.PipelineScheduleMulti._dump_csv(schedule, path)
@@ -37,4 +38,7 @@ if __name__ == "__main__":
                                ("zbv", S.ScheduleZBVZeroBubble, True),
                                ("dualpipev", S.ScheduleDualPipeV, True)]:
         dump(cls, 2, 4, v_shape, os.path.join(out, f"{name}_pp2_mb4.csv"))
-    print(f"torch {torch.__version__}: wrote 4 schedules to {out}")
+    # The library's interleaved_zb.piper against torch's own order, over pp, v and mb.
+    for pp, v, mb in [(2, 2, 8), (4, 2, 8), (4, 2, 16), (2, 3, 4), (4, 3, 8), (2, 4, 8)]:
+        dump(S.ScheduleInterleavedZeroBubble, pp, mb, False, os.path.join(out, f"interleaved_zb_pp{pp}_v{v}_mb{mb}.csv"), v)
+    print(f"torch {torch.__version__}: wrote 10 schedules to {out}")
