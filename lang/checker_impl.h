@@ -160,6 +160,7 @@ class Checker {
   void stmt(const ast::ShardStmt& sh, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void tensor_shard(const ast::ShardStmt& sh, const ast::Stmt& s, const std::vector<RegionId>& sel,
                     const std::string& axis);
+  bool tied_slice_ok(RegionId r, SourceLoc at, const std::string& axis);
   void stmt(const ast::SplitStmt& sp, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void stmt(const ast::OrderStmt& o, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void stmt(const ast::SequenceStmt& q, const ast::Stmt&, Env& env, UseContext& use, FileId file);

@@ -229,6 +229,26 @@ TEST_CASE("orders are expanded after all placement, so they may precede place") 
   CHECK(directives_of<OrderDirective>(*s).size() == 1);
 }
 
+// A tied parameter is kept whole on every stage and its copies summed element by element, so a
+// layout that would slice it is refused where the shard is written (the zoo ties only embedding
+// and head, which no layout slices; this manifest ties two layers' sliced projections).
+TEST_CASE("a tensor shard of a region whose sliced parameter is tied is refused, naming both") {
+  Front f;
+  const RegionId a = *f.manifest.find("layers.0.attn"), b = *f.manifest.find("layers.1.attn");
+  int32_t sliced = -1;
+  for (size_t k = 0; k < f.manifest.regions[static_cast<size_t>(a)].params.size(); ++k)
+    if (f.manifest.regions[static_cast<size_t>(a)].params[k].sharded()) sliced = static_cast<int32_t>(k);
+  REQUIRE(sliced >= 0);
+  f.manifest.ties.push_back(Tie{{TiedParam{a, sliced}, TiedParam{b, sliced}}});
+  auto s = f.check("mesh tp = 2;\nshard layers[1].attn over tp heads;\n");
+  CHECK(!s);
+  const std::string name = f.manifest.regions[static_cast<size_t>(a)].params[static_cast<size_t>(sliced)].name;
+  CHECK(f.first_error() == fmt::format("cannot shard 'layers[1].attn' over tp: its parameter 'layers[1].attn.{}' is tied "
+                                       "to 'layers[0].attn.{}', and a tied parameter is kept whole", name, name));
+  Front g;  // the same shard without the tie checks
+  CHECK(g.check("mesh tp = 2;\nshard layers[1].attn over tp heads;\n"));
+}
+
 TEST_CASE("a tensor shard records the regions and their layout's dimension, and makes its axis a model axis") {
   Front f;
   auto s = f.check("mesh dp = 2, tp = 2;\nreplicate * over dp;\nshard layers[*].attn over tp heads;\n"

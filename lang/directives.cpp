@@ -245,6 +245,25 @@ void Checker::stmt(const ast::ShardStmt& sh, const ast::Stmt& s, Env& env, UseCo
 
 // `shard layers[*].attn over tp heads;`: tensor parallelism over a model axis, as the regions' tp
 // layouts in the manifest say.
+// A tied parameter is laid out whole wherever it is held and its copies' gradients are summed
+// element by element (ir/tie.cpp): one that the region's layout would slice cannot be tied.
+bool Checker::tied_slice_ok(RegionId r, SourceLoc at, const std::string& axis) {
+  for (const Tie& t : m_.ties)
+    for (const TiedParam& p : t.members) {
+      if (!m_.is_ancestor(r, p.region)) continue;
+      const ParamSpec& spec = m_.regions[static_cast<size_t>(p.region)].params[static_cast<size_t>(p.index)];
+      if (!spec.sharded()) continue;
+      const TiedParam& other = t.members.front() == p ? t.members.back() : t.members.front();
+      diags_.error(at, fmt::format("cannot shard '{}' over {}: its parameter '{}.{}' is tied to '{}.{}', and a tied "
+                                   "parameter is kept whole", m_.selector_text(r), axis, m_.selector_text(p.region), spec.name,
+                                   m_.selector_text(other.region),
+                                   m_.regions[static_cast<size_t>(other.region)].params[static_cast<size_t>(other.index)].name))
+          .note(SourceLoc{}, "untie them in the model, or leave this region unsharded");
+      return false;
+    }
+  return true;
+}
+
 void Checker::tensor_shard(const ast::ShardStmt& sh, const ast::Stmt& s, const std::vector<RegionId>& sel,
                            const std::string& axis) {
   const SourceLoc at = sh.regions.front().loc;
@@ -279,6 +298,7 @@ void Checker::tensor_shard(const ast::ShardStmt& sh, const ast::Stmt& s, const s
                                    reg.tp->count, reg.tp->dim, axis, n));
       return;
     }
+    if (!tied_slice_ok(r, at, axis)) return;
     if (auto [it, fresh] = tensor_sharded_.emplace(r, s.loc); !fresh) {
       diags_.error(at, fmt::format("'{}' is sharded over a tensor-parallel axis twice", m_.selector_text(r)))
           .note(it->second, "first sharded here");
