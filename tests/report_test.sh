@@ -30,6 +30,9 @@ plan 4 "$tmp/a"
 plan 8 "$tmp/b"
 render "$tmp/a.html" "$tmp/a"
 /usr/bin/python3 "$root/tests/report_check.py" "$tmp/a.dom.html" "$tmp/a.sim.json" "$tmp/a.png"
+# pp is the outer axis over hosts of 4 (dp × tp inside): stage 0's handoff to stage 1 crosses.
+grep -q 'Pipeline handoffs between hosts (stage → stage): 0→1;' "$tmp/a.dom.html" ||
+  { echo "report_test: the mesh does not say the pp handoff crosses hosts" >&2; exit 1; }
 # Negative control: the page of mb=4 against the simulation of mb=8 differs, and the check says so.
 if /usr/bin/python3 "$root/tests/report_check.py" "$tmp/a.dom.html" "$tmp/b.sim.json" "$tmp/a.png" 2>"$tmp/neg.txt"; then
   echo "report_test: the check passed a page against another plan's simulation" >&2
