@@ -1,7 +1,8 @@
 // Pass 11, order: `order` directives become temporal edges — from the sinks of each group's tasks
 // to the sources of the next group's — `a || b` marks a co-scheduled group, and `on stream` puts
-// the tasks' exchanges (their all-to-alls) on a logical stream. An order that would make the DAG cyclic, or that relates tasks on
-// different devices, is the user's error, reported at the directive(s) responsible.
+// the tasks' exchanges (their all-to-alls) on a logical stream. An order that would make the DAG
+// cyclic, or that relates tasks on different devices, is the user's error, reported at the
+// directive(s) responsible.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -84,21 +85,41 @@ Exchanges task_exchanges(const Graph& g) {
 // `order ... on stream S` puts the ordered tasks' exchanges on S: one task's all-to-all can then
 // run while its `||` partner computes. The pieces stay on the compute stream: moving them to S
 // (as this pass once did) queued the compute behind the very exchange it was to hide.
-void move_exchanges(Graph& g, const OrderDirective& o, const Exchanges& exchanges) {
+// Returns whether it moved anything.
+bool move_exchanges(Graph& g, const OrderDirective& o, const Exchanges& exchanges) {
   const StreamId st = g.stream(o.stream);
+  bool moved = false;
   for (const auto& group : o.chain)
     for (const Task& t : group) {
       if (t.kind == TaskKind::BwdWeight) continue;  // a weight gradient exchanges nothing
       auto it = exchanges.find({int32_t(t.stage), int32_t(t.microbatch), t.kind != TaskKind::Fwd});
       if (it == exchanges.end()) continue;
       for (NodeId v : it->second) g.nodes[static_cast<size_t>(v)].stream = st;
+      moved = true;
     }
+  return moved;
+}
+
+// An order statement's `on stream` that moved nothing in any of its instances (its tasks exchange
+// no all-to-alls: a dense model, or no experts sharded) says nothing: a warning, once per statement.
+using StreamedOrders = std::map<std::tuple<FileId, uint32_t, uint32_t>, std::pair<const Directive*, bool>>;
+void warn_unmoved(LowerContext& c, const StreamedOrders& streamed) {
+  for (const auto& [loc, entry] : streamed) {
+    if (entry.second) continue;
+    auto& w = c.diags.warning(entry.first->loc, fmt::format("`on stream {}` moves nothing here: an order's stream takes its "
+                                                             "tasks' all-to-alls, and these tasks exchange none",
+                                                             std::get<OrderDirective>(entry.first->body).stream));
+    w.note(SourceLoc{}, "a task's compute stays on the compute stream; put communication on a stream where it is "
+                        "made (`replicate ... on stream`, `shard ... on stream`)");
+    for (const Note& n : entry.first->used_from) w.notes.push_back(n);
+  }
 }
 }  // namespace
 
 void order_pass(LowerContext& c) {
   Graph& g = c.graph;
   const Exchanges exchanges = task_exchanges(g);
+  StreamedOrders streamed;
   // The pieces of each task: (op, stage, microbatch) -> nodes in segment order.
   std::map<std::tuple<Op, int32_t, int32_t>, std::vector<NodeId>> pieces;
   for (NodeId v = 0; v < NodeId(g.nodes.size()); ++v) {
@@ -123,7 +144,11 @@ void order_pass(LowerContext& c) {
     if (!o) continue;
     int32_t label = static_cast<int32_t>(dirs.size());
     dirs.push_back(&d);
-    if (!o->stream.empty()) move_exchanges(g, *o, exchanges);
+    if (!o->stream.empty()) {
+      auto& [first_instance, moved] = streamed[{d.loc.file, d.loc.line, d.loc.col}];
+      first_instance = first_instance ? first_instance : &d;
+      moved = move_exchanges(g, *o, exchanges) || moved;
+    }
     // Co-scheduled tasks start together: their entry pieces form the group. Later pieces of a task
     // cut at sharded regions follow as their data allows, interleaving with the partner's (their
     // all-to-alls then hide behind the partner's compute, as in DualPipe).
@@ -155,6 +180,7 @@ void order_pass(LowerContext& c) {
     c.failed = true;
     return;
   }
+  warn_unmoved(c, streamed);
 
   std::vector<NodeId> stuck;
   if (g.topological_order(&stuck)) return;

@@ -83,7 +83,8 @@ std::optional<std::vector<CsvAction>> step(std::string_view cell, SourceLoc loc,
     if (!a) return std::nullopt;
     pair.push_back(*a);
   }
-  if (!((pair[0].type == 'F') != (pair[1].type == 'F')) || pair[0].type == 'W' || pair[1].type == 'W') {
+  const int forwards = (pair[0].type == 'F') + (pair[1].type == 'F');
+  if (forwards != 1 || pair[0].type == 'W' || pair[1].type == 'W') {
     diags.error(loc, fmt::format("'{}' overlaps {} and {}: OVERLAP_F_B pairs a forward with a backward", cell,
                                  std::string(1, pair[0].type), std::string(1, pair[1].type)));
     return std::nullopt;

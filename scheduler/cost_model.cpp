@@ -351,6 +351,8 @@ CostModel::TpTraffic CostModel::tp_traffic(const ir::Graph& g, const ir::Node& n
   if (seg.tp_regions.empty() || tp.ways <= 1) return {};
   TpTraffic t;
   t.calls = static_cast<int64_t>(seg.tp_regions.size());
+  t.axis = tp.axis;
+  t.on_network = g.facts.hosts.axis(tp.axis);
   // Partial sums travel in the compute precision (the manifest's outputs are fp32).
   t.bytes = static_cast<double>(seg.tp_reduce_bytes) * static_cast<double>(samples_) /
             (g.stage(n.stage).precision == DType::BF16 ? 2 : 1);

@@ -109,10 +109,12 @@ class CostModel {
   bool is_unit() const { return unit_.has_value(); }
   const std::optional<Machine>& machine_desc() const { return machine_; }
   // The all-reduces a tensor-parallel piece runs inside (none elsewhere): how many, the bytes they
-  // move, and their seconds on the tp axis's tiers (0 under unit costs).
+  // move, their seconds on the tp axis's tiers (0 under unit costs), and whether its group spans hosts.
   struct TpTraffic {
     int64_t calls = 0;
     double bytes = 0, seconds = 0;
+    int32_t axis = -1;
+    bool on_network = false;
   };
   TpTraffic tp_traffic(const ir::Graph& g, const ir::Node& n) const;
 

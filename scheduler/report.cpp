@@ -80,8 +80,7 @@ json class_streams(const Plan& p, size_t c, json& comm) {
       if (ir::is_chunk(n.op)) {
         const CostModel::TpTraffic tp = p.costs.tp_traffic(g, n);
         if (tp.calls == 0) continue;
-        const int32_t axis = g.stage(n.stage).tp.axis;
-        auto& [calls, bytes, secs] = traffic[{g.facts.hosts.axis(axis), g.axis_name(axis), "all_reduce (in pieces)"}];
+        auto& [calls, bytes, secs] = traffic[{tp.on_network, g.axis_name(tp.axis), "all_reduce (in pieces)"}];
         calls += tp.calls, bytes += tp.bytes, secs += tp.seconds;
       } else if (n.op != ir::Op::Recv) {
         auto& [calls, bytes, secs] = traffic[{on_network(g, n), g.axis_name(n.axis), ir::op_name(n.op)}];

@@ -73,7 +73,10 @@ TEST_CASE("the report's communication: each tier's bytes are the plan's, tp sums
   for (const StreamProgram& s : p.schedule.classes[static_cast<size_t>(cls)].streams)
     for (ir::NodeId v : s.ops) {
       const ir::Node& n = p.dag.nodes[static_cast<size_t>(v)];
-      if (ir::is_chunk(n.op)) expected["inside a host"] += p.costs.tp_traffic(p.dag, n).bytes;
+      if (ir::is_chunk(n.op)) {
+        const CostModel::TpTraffic tp = p.costs.tp_traffic(p.dag, n);
+        expected[tp.on_network ? "across hosts" : "inside a host"] += tp.bytes;
+      }
       else if (n.op != ir::Op::Recv) expected[on_network(p.dag, n) ? "across hosts" : "inside a host"] += double(n.bytes);
     }
   std::map<std::string, double> got;

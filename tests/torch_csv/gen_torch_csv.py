@@ -37,8 +37,10 @@ if __name__ == "__main__":
                                ("interleaved_zb", S.ScheduleInterleavedZeroBubble, False),
                                ("zbv", S.ScheduleZBVZeroBubble, True),
                                ("dualpipev", S.ScheduleDualPipeV, True)]:
-        dump(cls, 2, 4, v_shape, os.path.join(out, f"{name}_pp2_mb4.csv"))
+        # interleaved_zb's is also one of the library file's configurations below (pp, v, mb).
+        file = f"{name}_pp2_v2_mb4.csv" if name == "interleaved_zb" else f"{name}_pp2_mb4.csv"
+        dump(cls, 2, 4, v_shape, os.path.join(out, file))
     # The library's interleaved_zb.piper against torch's own order, over pp, v and mb.
     for pp, v, mb in [(2, 2, 8), (4, 2, 8), (4, 2, 16), (2, 3, 4), (4, 3, 8), (2, 4, 8)]:
         dump(S.ScheduleInterleavedZeroBubble, pp, mb, False, os.path.join(out, f"interleaved_zb_pp{pp}_v{v}_mb{mb}.csv"), v)
-    print(f"torch {torch.__version__}: wrote 10 schedules to {out}")
+    print(f"torch {torch.__version__}: wrote 10 schedules to {out}")  # 4 above, 6 here
