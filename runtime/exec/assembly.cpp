@@ -28,11 +28,13 @@ void Executor::Impl::assemble_stages() {
     std::vector<torch::Tensor> dense, experts;
     StageParams::Names dense_names, expert_names;
     std::vector<size_t> copies;
+    std::vector<SliceOf> slices;
     for (const ir::ParamSlot& slot : f.dense) {
       const ParamSpec& spec = m.regions[static_cast<size_t>(slot.region)].params[static_cast<size_t>(slot.index)];
       torch::Tensor t = module_parameter(region(slot.region), spec.name);
+      slices.push_back(slot.sliced ? slice_of(spec, f.tp.ways, tp_coord) : SliceOf{});
       if (slot.sliced) {  // this rank's slice replaces the whole tensor in the module
-        t = tensor_slice(t, spec, f.tp.ways, tp_coord).requires_grad_(true);
+        t = take_slice(t, slices.back()).requires_grad_(true);
         set_module_parameter(region(slot.region), spec.name, t);
       }
       std::string rname = m.regions[static_cast<size_t>(slot.region)].name, pname = spec.name;
@@ -99,6 +101,7 @@ void Executor::Impl::assemble_stages() {
                                                   comm, std::move(dense_names),
                                                   std::move(expert_names));
     if (!copies.empty()) params[stage]->mark_copies(copies);
+    params[stage]->set_slices(std::move(slices));
     if (queues)
       params[stage]->set_before_release([this](const torch::Tensor& t) { queues->used_by_current_stream(t); });
   }

@@ -5,7 +5,9 @@
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <set>
+#include <tuple>
 
 #include "runtime/exec/checkpoint.h"
 #include "runtime/exec/executor_impl.h"
@@ -76,6 +78,7 @@ void Executor::save_model(const std::string& path) {
   std::vector<float> values;
   for (const auto& p : mine) {
     index.push_back({p.region, p.param, p.begin, p.end});
+    if (p.slice.sliced()) index.back().push_back(slice_json(p.slice));  // begin and end count the slice's elements
     const torch::Tensor v = p.value.detach().to(torch::kCPU, torch::kFloat).contiguous();
     values.insert(values.end(), v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
   }
@@ -90,11 +93,21 @@ void Executor::save_model(const std::string& path) {
     RegionModel out(x.model_path);  // a fresh copy: this rank released the weights it does not hold
     auto& impl = out.impl();
     torch::NoGradGuard no_grad;
+    // Tensor-parallel slices are gathered whole (their ranges may come from several ranks under
+    // ZeRO), then put in their places in the parameter.
+    std::map<std::tuple<std::string, std::string, int64_t>, std::pair<SliceOf, torch::Tensor>> slices;
     auto fill = [&](const nlohmann::json& idx, const std::vector<float>& vals) {
       size_t at = 0;
       for (const auto& e : idx) {
         const int64_t b = e[2], en = e[3];
         torch::Tensor target = module_parameter(impl.region(e[0]), e[1]);
+        if (e.size() > 4) {
+          const SliceOf s = slice_from_json(e[4]);
+          auto& [slice, buf] = slices[{e[0], e[1], s.coord}];
+          if (!buf.defined()) buf = torch::empty({target.numel() / s.ways}, torch::kFloat);
+          slice = s;
+          target = buf;
+        }
         target.view({-1}).narrow(0, b, en - b).copy_(torch::from_blob(const_cast<float*>(vals.data()) + at, {en - b}));
         at += static_cast<size_t>(en - b);
       }
@@ -109,6 +122,7 @@ void Executor::save_model(const std::string& path) {
       x.comm.recv(vals.data(), vals.size() * sizeof(float), r, kValueTag);
       fill(nlohmann::json::parse(text), vals);
     }
+    for (const auto& [key, sl] : slices) place_slice(module_parameter(impl.region(std::get<0>(key)), std::get<1>(key)), sl.second, sl.first);
     for (auto p : impl.root.parameters()) p.set_requires_grad(true);
     const std::string tmp = path + ".tmp";
     impl.root.save(tmp, {{"piper/manifest.json", impl.manifest}});

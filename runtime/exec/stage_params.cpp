@@ -7,6 +7,8 @@
 
 #include <ATen/native/Resize.h>
 #include <cmath>
+#include <functional>
+#include <numeric>
 
 #include "runtime/device/memory_counter.h"
 
@@ -519,7 +521,7 @@ double StageParams::grad_square_sum(bool owner_of_replicated) const {
 }
 
 void StageParams::pieces(bool expert, int64_t at, const torch::Tensor& value, const torch::Tensor& m, const torch::Tensor& v,
-                         std::vector<StatePiece>& out, bool skip_copies) const {
+                         std::vector<StatePiece>& out, bool saving) const {
   const std::vector<torch::Tensor>& params = expert ? experts_ : dense_;
   const Names& names = expert ? expert_names_ : dense_names_;
   const int64_t end = at + value.numel();
@@ -528,9 +530,13 @@ void StageParams::pieces(bool expert, int64_t at, const torch::Tensor& value, co
     const int64_t p0 = expert ? offset : offset_[i], n = params[i].numel();
     offset += n;
     const int64_t a = std::max(at, p0), b = std::min(end, p0 + n);
-    if (a >= b || (skip_copies && !expert && !copy_.empty() && copy_[i])) continue;
+    const SliceOf slice = expert || slices_.empty() ? SliceOf{} : slices_[i];
+    if (a >= b || (saving && !expert && !copy_.empty() && copy_[i])) continue;
+    if (saving && !view_.tp_leader && !slice.sliced()) continue;  // the leader writes what the group holds alike
     auto part = [&](const torch::Tensor& t) { return t.defined() ? t.narrow(0, a - at, b - a) : torch::Tensor(); };
-    out.push_back(StatePiece{names.at(i).first, names.at(i).second, n, a - p0, b - p0, part(value), part(m), part(v)});
+    int64_t whole = n;
+    if (slice.sliced()) whole = std::accumulate(slice.shape.begin(), slice.shape.end(), int64_t{1}, std::multiplies<>());
+    out.push_back(StatePiece{names.at(i).first, names.at(i).second, whole, a - p0, b - p0, part(value), part(m), part(v), slice});
   }
 }
 
@@ -541,7 +547,7 @@ std::vector<StatePiece> StageParams::saved_state(bool owner_of_replicated) const
   for (size_t k = 0; k < slots.size(); ++k) {
     const auto [expert, at] = slot_at_[k];
     if (!expert && replicated_whole && !owner_of_replicated) continue;
-    pieces(expert, at, slots[k].param, slots[k].exp_avg, slots[k].exp_avg_sq, out, /*skip_copies=*/true);
+    pieces(expert, at, slots[k].param, slots[k].exp_avg, slots[k].exp_avg_sq, out, /*saving=*/true);
   }
   return out;
 }

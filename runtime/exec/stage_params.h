@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/comm/communicator.h"
+#include "runtime/model/tensor_slice.h"
 #include "runtime/view/rank_view.h"
 
 namespace piper::runtime {
@@ -47,13 +48,15 @@ class FlatOptimizer {
   int64_t steps_ = 0;
 };
 
-// One parameter's elements [begin, end) of its flattened tensor and where this rank keeps them:
-// the unit of a checkpoint, keyed by the model's names, not by ranks (runtime/checkpoint.h).
+// One parameter's elements [begin, end) of its flattened tensor — or, under tensor parallelism, of
+// its flattened slice `slice` — and where this rank keeps them: the unit of a checkpoint, keyed by
+// the model's names, not by ranks (runtime/checkpoint.h).
 struct StatePiece {
   std::string region, param;  // the manifest's region name and the parameter's name in it
   int64_t numel = 0;          // the whole parameter's elements
   int64_t begin = 0, end = 0;
   torch::Tensor value, exp_avg, exp_avg_sq;  // 1-d views of end - begin elements; moments undefined: none
+  SliceOf slice;  // not sliced: begin and end count elements of the whole parameter
 };
 
 class StageParams {
@@ -96,6 +99,9 @@ class StageParams {
   // Dense parameters that are a tied parameter's copy kept equal to a canonical one held by another
   // stage: trained like the others, but left out of checkpoints and checksums (counted once).
   void mark_copies(const std::vector<size_t>& dense_indices);
+  // Tensor parallelism: where each dense parameter's slice lies in the whole (not sliced: a default
+  // SliceOf), so checkpoints name slices by the whole parameter's coordinates.
+  void set_slices(std::vector<SliceOf> per_dense) { slices_ = std::move(per_dense); }
   // Sum and sum of squares of what this rank owns (its shards, or everything on replica 0).
   std::pair<double, double> checksum(bool owner_of_replicated) const;
   // What a checkpoint saves from this rank: the optimizer's parameters and moments it updates —
@@ -131,6 +137,7 @@ class StageParams {
   const std::vector<std::string> no_decay_;
   Names dense_names_, expert_names_;
   std::vector<bool> copy_;  // per dense parameter: a tied copy (mark_copies)
+  std::vector<SliceOf> slices_;  // per dense parameter (set_slices); empty: none sliced
   std::vector<std::pair<bool, int64_t>> slot_at_;  // per optimizer slot: (expert layout?, first element)
   mutable std::mutex mu_;  // compute and comm streams share the maps above
 
@@ -145,8 +152,10 @@ class StageParams {
   std::vector<size_t> buckets_of(const ir::Segment& piece) const;  // the buckets it writes gradients into
   std::vector<size_t> relative(const std::vector<int64_t>& shards) const;
   // The pieces of layout elements [at, at + len) (dense or expert layout) held in the given tensors.
+  // `saving`: what a checkpoint writes — tied copies left out, and under tensor parallelism what the
+  // group's ranks hold alike (replicated parameters) left to its leader.
   void pieces(bool expert, int64_t at, const torch::Tensor& value, const torch::Tensor& m, const torch::Tensor& v,
-              std::vector<StatePiece>& out, bool skip_copies = false) const;
+              std::vector<StatePiece>& out, bool saving = false) const;
   bool is_copy(const ir::Range& r) const;  // r lies within a tied copy
   // Calls fn(values, gradients, expert?) for what this rank owns (checksum and the global norm count
   // the same elements).

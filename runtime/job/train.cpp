@@ -188,14 +188,6 @@ int train(const TrainOptions& o, Communicator& comm) {
   if (auto missing = Executor::unsupported(*plan); !missing.empty())
     return fail(fmt::format("piper-run: error: {} uses what the runtime does not execute yet: {} (piper-check can still "
                             "check and simulate it)", o.strategy, fmt::join(missing, ", ")));
-  // Checkpoints and the saved model name elements by ranges of whole parameters; a tensor-parallel
-  // slice is strided in them, which they do not record yet. Refused before any step is spent.
-  const bool tensor_parallel = std::any_of(plan->dag.facts.stages.begin(), plan->dag.facts.stages.end(),
-                                           [](const ir::StageFacts& st) { return st.tp.ways > 1; });
-  if (tensor_parallel && (!o.checkpoint_dir.empty() || !o.resume_dir.empty() || !o.save_model.empty()))
-    return fail(fmt::format("piper-run: error: {} shards tensors over a tensor-parallel axis: --checkpoint, --resume "
-                            "and --save-model do not save tensor-parallel slices yet (train without them, or with a "
-                            "strategy without tensor parallelism)", o.strategy));
   if (int r = first_mismatch(comm, plan->hash); r >= 0)
     return fail(fmt::format("piper-run: error: rank {} compiled a different plan than rank 0 (different files or --set on "
                             "different ranks?); refusing to start", r));
