@@ -4,8 +4,8 @@
 # single (1 rank), ZeRO-1 (dp=2) and DualPipeV (pp=2) they are within 1e-5. A checkpoint saved by
 # plain DP loads into ZeRO-3 shards. Corrupt, partial and mismatched checkpoints are refused with
 # a clear message; a save that died half-way is ignored. --save-model writes a model.pt that
-# PyTorch loads (trainable parameters, the trained values) and piper-run trains from. A tensor-parallel
-# run asking for any of them is refused before its first step.
+# PyTorch loads (trainable parameters, the trained values) and piper-run trains from. Tensor-parallel
+# checkpoints (slices) resume under other plans and back; a tp=2 run's saved model is single's.
 source "$(dirname "$0")/mpi_test_lib.sh"
 "$model_bin" gpt --layers 2 --d-model 32 --ffn 64 --seq 16 -o "$tmp/other.pt" >/dev/null
 common=(--data "$root/data/corpus.txt" --batch-size 8 --lr 1e-2 --threads 1)
@@ -70,17 +70,64 @@ expect_error "rank-00002.bin is missing or truncated" "a partial checkpoint" -- 
 expect_error "no complete checkpoint" "an empty folder" -- 1 err3.txt single.piper --steps 4 --resume "$tmp/none"
 expect_error "saved with optimizer adamw, this run uses sgd" "another optimizer" -- 1 err4.txt single.piper --steps 4 \
   --resume "$tmp/ck" --optimizer sgd
-# Tensor-parallel slices are not saved yet: each of --checkpoint, --resume and --save-model is refused
-# before any step is spent, with the reason, and nothing is written.
-for flag in "--checkpoint $tmp/tp_ck" "--resume $tmp/ck" "--save-model $tmp/tp.pt"; do
-  # shellcheck disable=SC2086  # the flag and its value
-  expect_error "do not save tensor-parallel slices yet" "tp=2 with ${flag%% *}" -- 2 err_tp.txt tp.piper --steps 2 $flag
-  grep -q "step *1/" "$tmp/err_tp.txt" && fail "tp=2 with ${flag%% *}: a step ran before the refusal"
-done
-[ ! -e "$tmp/tp_ck" ] && [ ! -e "$tmp/tp.pt" ] || fail "a refused tensor-parallel run wrote something"
-# bf16 with tensor parallelism is planned (piper-check) but not run: refused before the first step.
-printf 'use "tp.piper";\nprecision bf16;\n' >"$tmp/tp_bf16.piper"
-expect_error "precision bf16 together with tensor parallelism" "tp=2 in bf16" -- 2 err_tpbf16.txt "$tmp/tp_bf16.piper" --steps 1
+# Tensor-parallel slices are saved by name, element range of the slice and where the slice lies in
+# the whole parameter: a tp=2 checkpoint resumes under tp=2 (bit-identical), single, ZeRO-3 dp=2 and
+# 1F1B pp=2; ZeRO-1 dp=2 × tp=2 (ZeRO shards of slices) into single and 1F1B pp=2 × tp=2; and single's
+# into tp=2 and ZeRO-1 dp=2 × tp=2.
+piper 2 tp_full.txt tp.piper --steps 6 --metrics "$tmp/tp_full.jsonl" || fail "tp=2 uninterrupted: $(cat "$tmp/tp_full.txt")"
+piper 2 tp_save.txt tp.piper --steps 3 --checkpoint "$tmp/ck_tp" || fail "tp=2 checkpoint: $(cat "$tmp/tp_save.txt")"
+grep -q '"slice"' "$tmp/ck_tp/step-00000003/manifest.json" || fail "a tp=2 checkpoint records its slices"
+piper 2 tp_same.txt tp.piper --steps 6 --resume "$tmp/ck_tp" --metrics "$tmp/tp_same.jsonl" || fail "tp -> tp: $(cat "$tmp/tp_same.txt")"
+same_losses tp_full.jsonl tp_same.jsonl 4 0 "tp=2 resumed by tp=2: bit-identical losses"
+resumes() {  # resumes CHECKPOINT WHAT -- NP STRATEGY args...: resumed, within 1e-5 of the uninterrupted run
+  local ck=$1 what=$2 np=$4 strategy=$5
+  shift 5
+  piper "$np" res.txt "$strategy" "$@" --steps 6 --resume "$tmp/$ck" --metrics "$tmp/res.jsonl" || fail "$what: $(cat "$tmp/res.txt")"
+  same_losses full.jsonl res.jsonl 4 1e-5 "$what"
+}
+resumes ck_tp "tp=2 into single" -- 1 single.piper
+resumes ck_tp "tp=2 into ZeRO-3 dp=2" -- 2 zero3.piper --set dp=2
+resumes ck_tp "tp=2 into 1F1B pp=2" -- 2 1f1b.piper --set pp=2 --set mb=4
+zero1_tp=("$root/tests/strategies/zero1_tp.piper" --set dp=2 --set tp=2)
+piper 4 ztp_save.txt "${zero1_tp[@]}" --steps 3 --checkpoint "$tmp/ck_ztp" || fail "zero1 x tp checkpoint: $(cat "$tmp/ztp_save.txt")"
+resumes ck_ztp "ZeRO-1 dp=2 x tp=2 into single" -- 1 single.piper
+resumes ck_ztp "ZeRO-1 dp=2 x tp=2 into 1F1B pp=2 x tp=2" -- 4 1f1b_tp.piper --set pp=2 --set tp=2 --set mb=4
+piper 1 single_save.txt single.piper --steps 3 --checkpoint "$tmp/ck_single" || fail "single checkpoint: $(cat "$tmp/single_save.txt")"
+resumes ck_single "single into tp=2" -- 2 tp.piper
+resumes ck_single "single into ZeRO-1 dp=2 x tp=2" -- 4 "${zero1_tp[@]}"
+# Negative control: the MLPs' row-parallel slices swapped in the manifest (all slices swapped would
+# permute heads and hidden units alike, which the network does not notice) put each half where the
+# other belongs — the reader places slices by what the manifest says, so the 1e-5 check fails.
+cp -r "$tmp/ck_tp" "$tmp/ck_swap"
+${PIPER_PYTHON:-/usr/bin/python3} - "$tmp/ck_swap/step-00000003/manifest.json" <<'PY' || fail "editing the manifest"
+import json, sys
+m = json.load(open(sys.argv[1]))
+rows = [e for e in m["entries"] if "slice" in e and e["region"].endswith(".mlp") and e["slice"]["dim"] == 1]
+assert rows, "no row-parallel MLP slices"
+for e in rows:
+    e["slice"]["coord"] = 1 - e["slice"]["coord"]
+json.dump(m, open(sys.argv[1], "w"))
+PY
+piper 1 swap.txt single.piper --steps 6 --resume "$tmp/ck_swap" --metrics "$tmp/swap.jsonl" || fail "swapped slices: $(cat "$tmp/swap.txt")"
+${PIPER_PYTHON:-/usr/bin/python3} - "$tmp/full.jsonl" "$tmp/swap.jsonl" <<'PY' || fail "slices placed by swapped coordinates still train alike"
+import json, sys
+a, b = ({j["step"]: j["loss"] for j in map(json.loads, open(f)) if "step" in j} for f in sys.argv[1:])
+assert max(abs(a[s] - b[s]) for s in (4, 5, 6)) > 1e-5, [(a[s], b[s]) for s in (4, 5, 6)]
+PY
+sed -i -E 's/"coord": ?0/"coord":7/' "$tmp/ck_swap/step-00000003/manifest.json"
+expect_error "does not fit its parameter's shape" "a malformed slice entry" -- 1 err_slice.txt single.piper --steps 4 \
+  --resume "$tmp/ck_swap"
+# --save-model of a tp=2 run: the whole parameters, element for element those of single's run.
+piper 2 tp_model.txt tp.piper --steps 2 --save-model "$tmp/tp_trained.pt" || fail "tp=2 --save-model: $(cat "$tmp/tp_model.txt")"
+piper 1 single_model.txt single.piper --steps 2 --save-model "$tmp/single_trained.pt" ||
+  fail "single --save-model: $(cat "$tmp/single_model.txt")"
+${PIPER_PYTHON:-/usr/bin/python3} - "$tmp/tp_trained.pt" "$tmp/single_trained.pt" <<'PY' || fail "tp=2's saved model against single's"
+import sys, torch
+a, b = (dict(torch.jit.load(f).named_parameters()) for f in sys.argv[1:])
+assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a), "names and shapes"
+worst = max(float((a[k] - b[k]).abs().max()) for k in a)
+assert worst <= 1e-5, f"largest difference {worst:.3g}"
+PY
 
 if timeout 60 "$run" "$tmp/other.pt" "$root/strategies/single.piper" "${common[@]}" --steps 4 --resume "$tmp/ck" >"$tmp/err5.txt" 2>&1; then
   fail "another model's checkpoint: succeeded"

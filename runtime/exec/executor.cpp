@@ -192,8 +192,6 @@ std::vector<std::string> Executor::unsupported(const sched::Plan& plan) {
   for (const auto& st : plan.dag.facts.stages) {
     // Expert pieces exchange fp32 tokens and gates; silently training them in fp32 would mislead.
     if (st.precision != DType::F32 && !st.experts.empty()) out.insert("precision bf16 together with expert parallelism");
-    // Its partial sums would be all-reduced in fp32 from bf16 slices: not built yet (planning is).
-    if (st.precision != DType::F32 && st.tp.ways > 1) out.insert("precision bf16 together with tensor parallelism");
     if (st.precision != DType::F32 && st.precision != DType::BF16) out.insert("precision other than fp32 and bf16");
     if (st.precision != plan.dag.facts.stages.front().precision) out.insert("stages of different precisions");
     const auto& rep = st.replication;

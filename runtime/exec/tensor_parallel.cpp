@@ -5,10 +5,15 @@
 namespace piper::runtime {
 
 namespace {
-// Sums `t` over the group in place (fp32, host memory: the CPU path; contiguous).
+// Sums `t` over the group in place (contiguous). bf16 partials are summed in fp32 and rounded once,
+// as one bf16 matmul over the whole contraction accumulates in fp32 (and MPI has no bf16 sum).
 void sum_over(torch::Tensor& t, const TensorGroup& g) {
   if (g.drop || g.group.size() < 2) return;
-  g.comm->all_reduce_sum(t.data_ptr<float>(), static_cast<size_t>(t.numel()), g.group, g.channel);
+  if (t.scalar_type() == torch::kFloat)
+    return g.comm->all_reduce_sum(t.data_ptr<float>(), static_cast<size_t>(t.numel()), g.group, g.channel);
+  torch::Tensor f = t.to(torch::kFloat).contiguous();
+  g.comm->all_reduce_sum(f.data_ptr<float>(), static_cast<size_t>(f.numel()), g.group, g.channel);
+  t.copy_(f);
 }
 
 const TensorGroup& group_of(int64_t handle) { return *reinterpret_cast<const TensorGroup*>(handle); }
