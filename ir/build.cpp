@@ -280,6 +280,16 @@ int64_t LowerContext::activation_bytes(const std::optional<TensorSpec>& t, DType
   return n;
 }
 
+namespace {
+// The sharded regions whose shard says `sequence`, per piece (Segment::sequence_regions).
+void mark_sequence_parallel(const CheckedStrategy& s, StageFacts& st) {
+  const auto dirs = tensor_sharded(s);
+  for (Segment& seg : st.segments)
+    for (RegionId q : seg.tp_regions)
+      if (auto it = dirs.find(q); it != dirs.end() && it->second->sequence) seg.sequence_regions.push_back(q);
+}
+}  // namespace
+
 void build_pass(LowerContext& c) {
   Graph& g = c.graph;
   const auto& stages = c.stages;
@@ -313,6 +323,7 @@ void build_pass(LowerContext& c) {
           break;
         }
     st.segments = cut(st, c.manifest, sharded, tp, cut_before);
+    mark_sequence_parallel(c.strategy, st);
     mark_tied_uses(st, c.manifest);
     // Expert ownership: each list's members in contiguous blocks over the shard axis.
     for (size_t j = 0; j < st.segments.size(); ++j) {

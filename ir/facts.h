@@ -52,6 +52,10 @@ struct Segment {
   // output in the forward and of its input gradient in the backward, inside the piece, on its stream.
   std::vector<RegionId> tp_regions;
   int64_t tp_reduce_bytes = 0;    // per sample: the bytes those forward all-reduces sum (as many backward)
+  // Those with sequence parallelism: their replicated parts run on this rank's share of the tokens,
+  // the sum is a reduce-scatter (forward) and the input an all-gather, and the gradients of their
+  // replicated parameters are summed over the axis before the update (each rank saw its tokens only).
+  std::vector<RegionId> sequence_regions;
   // Whether the piece reads (and writes gradients into) any element of `r` of the layout.
   bool touches(const Range& r) const {
     auto overlap = [&](const Range& a) { return a.begin < r.end && r.begin < a.end; };

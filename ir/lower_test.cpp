@@ -471,6 +471,12 @@ TEST_CASE("tensor parallelism: each rank lays out its slices, its pieces run the
   int64_t tp_flops = 0;
   for (RegionId q : seg.tp_regions) tp_flops += f.manifest.flops(q);
   CHECK(find(g, "0F0").flops == find(whole, "0F0").flops - tp_flops + tp_flops / 2);
+  CHECK(seg.sequence_regions.empty());
+  // With `sequence` on the attention shards: those regions (not the MLPs) run on shares of the tokens.
+  Graph sp = lowered(f, "mesh tp = 2;\nshard layers[*].attn over tp heads sequence;\nshard layers[*].mlp over tp hidden;\n");
+  const Segment& sps = sp.facts.stages.front().segments.front();
+  CHECK(sps.sequence_regions.size() == 8);
+  for (RegionId q : sps.sequence_regions) CHECK(f.manifest.regions[static_cast<size_t>(q)].kind == "attention");
 }
 
 TEST_CASE("tensor parallelism composes: ZeRO shards the slices over dp, the pipeline cuts the sharded blocks") {

@@ -110,6 +110,7 @@ struct ShardStmt {
   std::vector<Selector> regions;
   AxisRef axis;
   std::optional<std::pair<std::string, SourceLoc>> dim;  // `over tp heads`: what a tensor shard splits
+  std::optional<SourceLoc> sequence;  // `over tp heads sequence`: its replicated part on sequence shards
   std::optional<StreamClause> stream;
 };
 struct SplitStmt { ExprPtr microbatches; };

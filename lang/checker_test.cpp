@@ -249,6 +249,31 @@ TEST_CASE("a tensor shard of a region whose sliced parameter is tied is refused,
   CHECK(g.check("mesh tp = 2;\nshard layers[1].attn over tp heads;\n"));
 }
 
+TEST_CASE("sequence parallelism on a tensor shard is recorded, prints back, and needs a sequence the axis divides") {
+  Front f;
+  auto s = f.check("mesh tp = 2;\nshard layers[*].attn over tp heads sequence;\nshard layers[*].mlp over tp;\n");
+  REQUIRE_MESSAGE(s, f.errors());
+  auto t = directives_of<TensorShardDirective>(*s);
+  REQUIRE(t.size() == 2);
+  CHECK(t[0]->sequence);
+  CHECK(!t[1]->sequence);
+  const std::string text = print_strategy(*s, f.manifest);
+  CHECK(text.find("shard layers[*].attn over tp heads sequence;") != std::string::npos);
+  Front again;
+  auto back = again.check(text);
+  REQUIRE_MESSAGE(back, again.errors());
+  CHECK(directives_of<TensorShardDirective>(*back)[0]->sequence);
+  Front odd;  // 63 tokens do not split over 2 ranks (4 heads do)
+  for (Region& r : odd.manifest.regions)
+    if (r.kind == "attention" && r.input) r.input->shape[0] = 63;
+  CHECK(!odd.check("mesh tp = 2;\nshard layers[*].attn over tp heads sequence;\n"));
+  CHECK(odd.first_error() == "'layers[0].attn' has a sequence of 63, which does not divide evenly over tp=2 for sequence parallelism");
+  Front plain;  // without `sequence` the sequence need not divide
+  for (Region& r : plain.manifest.regions)
+    if (r.kind == "attention" && r.input) r.input->shape[0] = 63;
+  CHECK(plain.check("mesh tp = 2;\nshard layers[*].attn over tp heads;\n"));
+}
+
 TEST_CASE("a tensor shard records the regions and their layout's dimension, and makes its axis a model axis") {
   Front f;
   auto s = f.check("mesh dp = 2, tp = 2;\nreplicate * over dp;\nshard layers[*].attn over tp heads;\n"

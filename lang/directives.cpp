@@ -219,7 +219,7 @@ void Checker::stmt(const ast::ShardStmt& sh, const ast::Stmt& s, Env& env, UseCo
   auto axis = check_axis(sh.axis, env);
   if (!axis) return;
   // A shard of a list spreads its members (experts); of a region with a tp layout, its tensors.
-  if (sh.dim || std::none_of(sel->begin(), sel->end(), [&](RegionId r) { return m_.is_list(r); }))
+  if (sh.dim || sh.sequence || std::none_of(sel->begin(), sel->end(), [&](RegionId r) { return m_.is_list(r); }))
     return tensor_shard(sh, s, *sel, *axis);
   auto stream = check_stream(sh.stream, env);
   if (!stream) return;
@@ -299,6 +299,13 @@ void Checker::tensor_shard(const ast::ShardStmt& sh, const ast::Stmt& s, const s
       return;
     }
     if (!tied_slice_ok(r, at, axis)) return;
+    // Sequence parallelism cuts each sample's tokens over the axis (activations lead with the sequence).
+    if (const auto& in = reg.input; sh.sequence && in && !in->shape.empty() && in->shape[0] % n != 0) {
+      diags_.error(*sh.sequence, fmt::format("'{}' has a sequence of {}, which does not divide evenly over {}={} for "
+                                             "sequence parallelism",
+                                             m_.selector_text(r), in->shape[0], axis, n));
+      return;
+    }
     if (auto [it, fresh] = tensor_sharded_.emplace(r, s.loc); !fresh) {
       diags_.error(at, fmt::format("'{}' is sharded over a tensor-parallel axis twice", m_.selector_text(r)))
           .note(it->second, "first sharded here");
@@ -315,7 +322,9 @@ void Checker::tensor_shard(const ast::ShardStmt& sh, const ast::Stmt& s, const s
   for (MeshAxis& a : axes_)
     if (a.name == axis) a.model = true;
   out_.directives.push_back(
-      Directive{s.loc, TensorShardDirective{sel, axis, sel.empty() ? "" : m_.regions[static_cast<size_t>(sel.front())].tp->dim},
+      Directive{s.loc,
+                TensorShardDirective{sel, axis, sel.empty() ? "" : m_.regions[static_cast<size_t>(sel.front())].tp->dim,
+                                     sh.sequence.has_value()},
                 diags_.context()});
 }
 

@@ -263,7 +263,9 @@ class Builder {
   ast::ShardStmt shard_stmt(G::ShardStmtContext* p) {
     std::optional<std::pair<std::string, SourceLoc>> dim;
     if (auto* d = p->shardDim()) dim = std::make_pair(d->NAME()->getText(), tok_loc(f_, d->NAME()->getSymbol()));
-    return ast::ShardStmt{selectors(p->selectors()), axis_ref(p->axisRef()), std::move(dim), stream(p->streamClause())};
+    std::optional<SourceLoc> sequence;
+    if (p->seq) sequence = tok_loc(f_, p->seq);
+    return ast::ShardStmt{selectors(p->selectors()), axis_ref(p->axisRef()), std::move(dim), sequence, stream(p->streamClause())};
   }
 
   std::optional<ast::StreamClause> stream(G::StreamClauseContext* c) {

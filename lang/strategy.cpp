@@ -163,7 +163,7 @@ std::string directive_text(const Directive& d, const Manifest& m, const SmsLimit
         } else if constexpr (std::is_same_v<T, ShardDirective>) {
           return fmt::format("shard {} over {}{};\n", print_regions(x.regions, m), x.axis, stream_clause(x.stream, sms));
         } else if constexpr (std::is_same_v<T, TensorShardDirective>) {
-          return fmt::format("shard {} over {} {};\n", print_regions(x.regions, m), x.axis, x.dim);
+          return fmt::format("shard {} over {} {}{};\n", print_regions(x.regions, m), x.axis, x.dim, x.sequence ? " sequence" : "");
         } else if constexpr (std::is_same_v<T, SplitDirective>) {
           return fmt::format("split batch into {};\n", x.microbatches);
         } else if constexpr (std::is_same_v<T, OrderDirective>) {

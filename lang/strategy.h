@@ -59,6 +59,9 @@ struct TensorShardDirective {
   std::vector<RegionId> regions;  // regions with a tp layout (attention, mlp)
   std::string axis;
   std::string dim;  // the layouts' dimension (heads, hidden), as the region's manifest names it
+  // Sequence parallelism (Megatron's): the regions' replicated parts (norm, bias, residual) run on
+  // this rank's share of the sequence; the partial sums become a reduce-scatter and an all-gather.
+  bool sequence = false;
 };
 
 struct SplitDirective {

@@ -84,19 +84,25 @@ RegionBytes region_bytes(const Manifest& m, RegionId r, int64_t samples, bool bf
 // Region `r` on one rank of a tensor-parallel group of `ways`: each sharded region inside it (in
 // `sharded`) holds its replicated part R and its sharded part S / ways, R and S solved from its
 // measurements whole (R + S) and on a slice of two (R + S/2); unmeasured on a slice, all of it shards.
+// With sequence parallelism (the region in `sequence`) R runs on 1/ways of the tokens too, except
+// the all-gathered input of the sharded part, kept whole for its backward (about the region's input).
 RegionBytes tp_region_bytes(const Manifest& m, RegionId r, int64_t samples, bool bf16, const std::vector<RegionId>& sharded,
-                            int64_t ways) {
+                            int64_t ways, const std::vector<RegionId>& sequence) {
   RegionBytes b = region_bytes(m, r, samples, bf16);
   if (ways <= 1) return b;
   for (RegionId q : sharded) {
     if (!m.is_ancestor(r, q)) continue;
     const RegionBytes whole = region_bytes(m, q, samples, bf16);
     const auto& half = m.regions[static_cast<size_t>(q)].memory_tp2;
+    const bool seq = std::find(sequence.begin(), sequence.end(), q) != sequence.end();
+    const double gathered = static_cast<double>(spec_bytes(m.regions[static_cast<size_t>(q)].input, samples, bf16));
     auto at = [&](int64_t m1, const Measured* m2) {
       const double t = static_cast<double>(ways);
       if (!m2) return static_cast<int64_t>(static_cast<double>(m1) / t);
       const double h = static_cast<double>(m2->at(samples)) * (bf16 ? 0.5 : 1.0), w = static_cast<double>(m1);
-      return std::max<int64_t>(0, static_cast<int64_t>(2 * h - w + 2 * (w - h) / t));
+      double rep = 2 * h - w;
+      if (seq) rep = std::min(std::max(0.0, rep), gathered) + std::max(0.0, rep - gathered) / t;
+      return std::max<int64_t>(0, static_cast<int64_t>(rep + 2 * (w - h) / t));
     };
     const Measured* split = half && half->split_held ? &*half->split_held : half ? &half->saved : nullptr;
     const RegionBytes mine{at(whole.saved, half ? &half->saved : nullptr), at(whole.forward_peak, half ? &half->forward_peak : nullptr),
@@ -276,9 +282,9 @@ class ClassModel {
         if (k2 + 1 == seg.regions.size() && moe_end(x)) {  // the block runs its attention and router only
           for (const char* kind : {"attention", "router"})
             if (RegionId c = child_of_kind(m_, r, kind); c >= 0)
-              rs.push_back(tp_region_bytes(m_, c, S_, bf16(x), seg.tp_regions, g_.stage(x.stage).tp.ways));
+              rs.push_back(tp_region_bytes(m_, c, S_, bf16(x), seg.tp_regions, g_.stage(x.stage).tp.ways, seg.sequence_regions));
         } else {
-          rs.push_back(tp_region_bytes(m_, r, S_, bf16(x), seg.tp_regions, g_.stage(x.stage).tp.ways));
+          rs.push_back(tp_region_bytes(m_, r, S_, bf16(x), seg.tp_regions, g_.stage(x.stage).tp.ways, seg.sequence_regions));
         }
       }
       const RegionId first = seg.regions.empty() ? -1 : seg.regions.front();

@@ -94,15 +94,17 @@ if vals[0]:
 print(f"{sys.argv[3]}: {steps} losses {ref[0]:.4f} -> {ref[-1]:.4f}, max relative difference {worst:.1e}; final parameters agree")
 PY
 ${PIPER_PYTHON:-/usr/bin/python3} "$tmp/compare.py" "$tmp/ref.jsonl" "$tmp/run.jsonl" "$strategy $*" "$tolerance" "$steps"
-# Negative control (PIPER_NEGATIVE=tensor): the same run with that collective dropped
-# (PIPER_TEST_DROP_COLLECTIVE) must fail the comparison, so the check above can see it missing.
-if [ -n "${PIPER_NEGATIVE:-}" ]; then
-  PIPER_TEST_DROP_COLLECTIVE=$PIPER_NEGATIVE timeout 300 mpirun -x PIPER_TEST_DROP_COLLECTIVE -np "$np" --oversubscribe \
+# Negative controls (PIPER_NEGATIVE=tensor, or a comma-separated list such as tensor,sequence): the
+# same run with that collective dropped (PIPER_TEST_DROP_COLLECTIVE) must fail the comparison, so the
+# check above can see it missing.
+negatives=${PIPER_NEGATIVE:-}
+for negative in ${negatives//,/ }; do
+  PIPER_TEST_DROP_COLLECTIVE=$negative timeout 300 mpirun -x PIPER_TEST_DROP_COLLECTIVE -np "$np" --oversubscribe \
     --bind-to none "$run_bin" "$tmp/m.pt" "$root/strategies/$strategy" "${common[@]}" --threads 1 \
     --metrics "$tmp/dropped.jsonl" "$@" >"$tmp/dropped.log" 2>&1 || { cat "$tmp/dropped.log"; exit 1; }
   if ${PIPER_PYTHON:-/usr/bin/python3} "$tmp/compare.py" "$tmp/ref.jsonl" "$tmp/dropped.jsonl" "dropped" "$tolerance" "$steps" >/dev/null 2>&1; then
-    echo "negative control: without its $PIPER_NEGATIVE collectives the run still matched the reference" >&2
+    echo "negative control: without its $negative collectives the run still matched the reference" >&2
     exit 1
   fi
-  echo "  negative control: without the $PIPER_NEGATIVE collectives the losses differ (as they must)"
-fi
+  echo "  negative control: without the $negative collectives the losses differ (as they must)"
+done

@@ -56,6 +56,10 @@ OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 1 "$run" "$
 if ! grep -q "step    3/3" "$tmp/mpirun.log" || grep -q $'\033' "$tmp/mpirun.log" || grep -qF '[####' "$tmp/mpirun.log"; then
   echo "FAIL: a log of piper-run under mpirun has escape codes or no steps:"; cat -v "$tmp/mpirun.log"; fails=$((fails + 1))
 fi
+# Sequence parallelism over tp=2 with a --seq-len it does not divide: a clear error on both ranks.
+expect 1 "a sequence of 15 tokens does not divide evenly" "sequence parallelism with an odd --seq-len" -- \
+  timeout 60 mpirun -np 2 --oversubscribe "$run" "$tmp/m.pt" "$root/strategies/tp.piper" --set sp=true --seq-len 15 \
+  --steps 1 --threads 1 -I "$root/strategies"
 ls "$tmp" | grep -q tmp && { echo "FAIL: --profile left temporary files: $(ls "$tmp")"; fails=$((fails + 1)); }
 if ((fails)); then echo "run_cli_test: $fails failed"; exit 1; fi
 echo "run_cli_test: all passed"

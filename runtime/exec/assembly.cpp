@@ -28,7 +28,7 @@ void Executor::Impl::assemble_stages() {
     std::vector<torch::Tensor> dense, experts;
     StageParams::Names dense_names, expert_names;
     std::vector<size_t> copies;
-    std::vector<SliceOf> slices;
+    std::vector<SliceOf> slices;  // per dense parameter
     for (const ir::ParamSlot& slot : f.dense) {
       const ParamSpec& spec = m.regions[static_cast<size_t>(slot.region)].params[static_cast<size_t>(slot.index)];
       torch::Tensor t = module_parameter(region(slot.region), spec.name);
@@ -82,6 +82,7 @@ void Executor::Impl::assemble_stages() {
             const RegionId attn = child_of_kind(r, "attention");
             pm.attn = region(attn);
             pm.attn_sharded = std::count(seg.tp_regions.begin(), seg.tp_regions.end(), attn) > 0;
+            pm.attn_sequence = std::count(seg.sequence_regions.begin(), seg.sequence_regions.end(), attn) > 0;
             pm.router = region(child_of_kind(r, "router"));
           } else {
             sharded_modules(r, seg, pm);
@@ -101,17 +102,52 @@ void Executor::Impl::assemble_stages() {
                                                   comm, std::move(dense_names),
                                                   std::move(expert_names));
     if (!copies.empty()) params[stage]->mark_copies(copies);
-    params[stage]->set_slices(std::move(slices));
+    tensor_parallel_params(stage, f, std::move(slices));
     if (queues)
       params[stage]->set_before_release([this](const torch::Tensor& t) { queues->used_by_current_stream(t); });
   }
-  // Weights of regions this rank does not hold are released: the archive is read whole (TorchScript
-  // has no partial load), but only the owned stages' weights (and experts) stay in memory.
+  release_others(kept);
+}
+
+// Weights of regions this rank does not hold are released: the archive is read whole (TorchScript
+// has no partial load), but only the owned stages' weights (and experts) stay in memory.
+void Executor::Impl::release_others(const std::set<std::string>& kept) {
+  const Manifest& m = plan.manifest;
   for (size_t r = 1; r < m.regions.size(); ++r) {
     if (kept.count(m.regions[r].name) || m.regions[r].params.empty()) continue;
-    auto mod = impl.region(m.regions[r].name);
+    auto mod = model.impl().region(m.regions[r].name);
     for (const auto& spec : m.regions[r].params) set_module_parameter(mod, spec.name, torch::empty({0}));
   }
+}
+
+// What a stage's parameters need to know of tensor parallelism: where its slices lie (checkpoints),
+// and under sequence parallelism which gradients the tp group sums and how.
+void Executor::Impl::tensor_parallel_params(int32_t stage, const ir::StageFacts& f, std::vector<SliceOf> slices) {
+  params[stage]->set_slices(std::move(slices));
+  std::vector<ir::Range> shared = sequence_shared(f);
+  if (shared.empty()) return;
+  const TensorGroup& tg = tensor_groups.at(stage);
+  const char* drop = std::getenv("PIPER_TEST_DROP_COLLECTIVE");
+  const bool skip = drop && std::string(drop) == "sequence";  // the negative control of these sums
+  params[stage]->set_sequence_shared(std::move(shared), [this, &tg, skip, stage](torch::Tensor& t) {
+    if (!skip) comm.all_reduce_sum(t.data_ptr<float>(), static_cast<size_t>(t.numel()), tg.group, sequence_channel(stage));
+  });
+}
+
+// Sequence parallelism: the layout ranges of the replicated (not sliced) parameters inside regions
+// that run on shares of the tokens, whose gradients each rank computed from its share only.
+std::vector<ir::Range> Executor::Impl::sequence_shared(const ir::StageFacts& f) const {
+  const Manifest& m = plan.manifest;
+  std::vector<ir::Range> out;
+  for (const ir::ParamSlot& slot : f.dense) {
+    if (slot.sliced) continue;
+    for (const ir::Segment& seg : f.segments)
+      if (std::any_of(seg.sequence_regions.begin(), seg.sequence_regions.end(), [&](RegionId q) { return m.is_ancestor(q, slot.region); })) {
+        out.push_back(ir::Range{slot.offset, slot.offset + slot.numel});
+        break;
+      }
+  }
+  return out;
 }
 
 // The modules that run region `r` of a piece: the region itself, or, when regions inside it run
@@ -124,6 +160,7 @@ void Executor::Impl::sharded_modules(RegionId r, const ir::Segment& seg, PieceMo
   if (sharded || !inside) {
     pm.plain.push_back(impl.region(m.regions[static_cast<size_t>(r)].name));
     pm.sharded.push_back(sharded);
+    pm.sequence.push_back(std::count(seg.sequence_regions.begin(), seg.sequence_regions.end(), r) > 0);
     return;
   }
   for (RegionId c : m.regions[static_cast<size_t>(r)].children) sharded_modules(c, seg, pm);

@@ -22,14 +22,27 @@ std::vector<torch::Tensor> compute(const PieceModules& m, const std::vector<torc
     return {y};
   }
   torch::Tensor x = in.at(0);
-  for (size_t i = 0; i < m.plain.size(); ++i)
-    x = i < m.sharded.size() && m.sharded[i] ? run_sharded(m.plain[i], x, *m.tp)
-                                              : const_cast<torch::jit::Module&>(m.plain[i]).forward({x}).toTensor();
+  // Sequence parallelism: x is this rank's share of the tokens from the first such region on, and
+  // whole again before any other region and at the piece's end (what it hands on and the loss read).
+  bool share = false;
+  auto to_share = [&](bool want) {
+    if (want != share) x = want ? scatter_sequence(x, *m.tp) : gather_sequence(x, *m.tp);
+    share = want;
+  };
+  for (size_t i = 0; i < m.plain.size(); ++i) {
+    const bool sharded = i < m.sharded.size() && m.sharded[i], seq = i < m.sequence.size() && m.sequence[i];
+    to_share(seq);
+    x = sharded ? run_sharded(m.plain[i], x, *m.tp, seq) : const_cast<torch::jit::Module&>(m.plain[i]).forward({x}).toTensor();
+  }
   if (m.moe_end) {
-    torch::Tensor a = m.attn_sharded ? run_sharded(m.attn, x, *m.tp) : const_cast<torch::jit::Module&>(m.attn).forward({x}).toTensor();
+    to_share(m.attn_sequence);
+    torch::Tensor a = m.attn_sharded ? run_sharded(m.attn, x, *m.tp, m.attn_sequence)
+                                     : const_cast<torch::jit::Module&>(m.attn).forward({x}).toTensor();
+    if (share) a = gather_sequence(a, *m.tp);
     auto hg = const_cast<torch::jit::Module&>(m.router).forward({a}).toTuple();
     return {a, hg->elements()[0].toTensor(), hg->elements()[1].toTensor()};
   }
+  to_share(false);
   if (loss) return {loss(x)};
   return {x};
 }

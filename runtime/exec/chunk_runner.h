@@ -20,6 +20,10 @@ struct PieceModules {
   // (tensor_parallel.h) with `tp`; empty when the piece has no sharded region.
   std::vector<bool> sharded;
   bool attn_sharded = false;
+  // Of those, the ones with sequence parallelism (per module of `plain`, and the MoE end's attention):
+  // the activation between two of them stays this rank's share of the tokens.
+  std::vector<bool> sequence;
+  bool attn_sequence = false;
   const TensorGroup* tp = nullptr;
   // Dense, ending with a block whose experts are the next piece: it stops after the block's
   // attention and router (the zoo's MoE contract, docs/models.md) and outputs {attention, h, gates}.

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -88,6 +89,9 @@ struct Executor::Impl {
   void assemble_stages();
   void index_dataflow();
   void sharded_modules(RegionId r, const ir::Segment& seg, PieceModules& pm);
+  std::vector<ir::Range> sequence_shared(const ir::StageFacts& f) const;
+  void tensor_parallel_params(int32_t stage, const ir::StageFacts& f, std::vector<SliceOf> slices);
+  void release_others(const std::set<std::string>& kept);
   RegionId child_of_kind(RegionId under, const std::string& kind) const;
 
   // The ops (ops.cpp).

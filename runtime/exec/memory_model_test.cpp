@@ -92,6 +92,9 @@ TEST_CASE("the memory model predicts every rank's measured peak within 10%, for 
       {"tp.piper", 2, {"tp=2"}},
       {"1f1b_tp.piper", 4, {"pp=2", "tp=2", "mb=4"}},
       {"../tests/strategies/zero1_tp.piper", 4, {"dp=2", "tp=2"}},
+      // And with sequence parallelism: the replicated parts on half the tokens.
+      {"tp.piper", 2, {"tp=2", "sp=true"}},
+      {"1f1b_tp.piper", 4, {"pp=2", "tp=2", "mb=4", "sp=true"}},
   };
   const char* only = std::getenv("PIPER_MEMORY_CASE");  // run one case (debugging)
   for (const Case& c : cases) {

@@ -163,7 +163,10 @@ void Executor::Impl::sum_tied(int32_t tie) {
 // all ranks) summed over everyone; the scale is torch's clip_grad_norm_'s, max / (norm + 1e-6) at most 1.
 void Executor::Impl::global_norm() {
   double sq = 0;
-  for (auto& [stage, sp] : params) sq += sp->grad_square_sum(view.replica == 0);
+  for (auto& [stage, sp] : params) {
+    sp->sum_sequence_grads();  // final before they are counted
+    sq += sp->grad_square_sum(view.replica == 0);
+  }
   comm.all_reduce_sum(&sq, 1, everyone(comm), kNormChannel);
   grad_norm = std::sqrt(sq);
   const double max = opt.recipe.clip_grad_norm;
@@ -212,7 +215,9 @@ void Executor::Impl::run_op(NodeId v) {
     case Op::B:
     case Op::BI:
     case Op::BW: return backward(v);
-    case Op::U: return params_of(n).update(clip_scale);
+    case Op::U:
+      params_of(n).sum_sequence_grads();
+      return params_of(n).update(clip_scale);
     case Op::Send: return send(v);
     case Op::Recv: return recv(v);
     case Op::AllReduce:

@@ -272,6 +272,7 @@ std::vector<size_t> StageParams::relative(const std::vector<int64_t>& shards) co
 
 void StageParams::start_step() {
   torch::NoGradGuard no_grad;
+  sequence_summed_ = false;
   if (grad_.defined()) grad_.zero_();
   if (expert_grad_.defined()) expert_grad_.zero_();
   if (view_.zero() >= 2)
@@ -499,6 +500,31 @@ void StageParams::each_owned(bool owner_of_replicated, const OwnedFn& fn) const 
         owned(offset_[i], flat_.narrow(0, offset_[i], dense_[i].numel()), grad_.narrow(0, offset_[i], dense_[i].numel()));
   }
   if (expert_flat_.defined() && view_.tp_leader) fn(expert_flat_, expert_grad_, true);
+}
+
+void StageParams::sum_sequence_grads() {
+  if (sequence_shared_.empty() || sequence_summed_) return;
+  sequence_summed_ = true;
+  torch::NoGradGuard no_grad;
+  // The parts of what the optimizer steps (whole gradients or this rank's shards) that fall in the
+  // ranges: the tensor-parallel ranks hold the same layout and shards, so the parts line up.
+  std::vector<torch::Tensor> parts;
+  const auto& slots = optimizer_.slots();
+  for (size_t k = 0; k < slots.size(); ++k) {
+    const auto [expert, at] = slot_at_[k];
+    if (expert) continue;
+    const int64_t end = at + slots[k].grad.numel();
+    for (const ir::Range& r : sequence_shared_)
+      if (const int64_t a = std::max(at, r.begin), b = std::min(end, r.end); a < b) parts.push_back(slots[k].grad.narrow(0, a - at, b - a));
+  }
+  if (parts.empty()) return;
+  torch::Tensor all = torch::cat(parts);
+  sum_over_tp_(all);
+  int64_t off = 0;
+  for (torch::Tensor& p : parts) {
+    p.copy_(all.narrow(0, off, p.numel()));
+    off += p.numel();
+  }
 }
 
 double StageParams::grad_square_sum(bool owner_of_replicated) const {

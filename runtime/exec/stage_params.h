@@ -102,6 +102,15 @@ class StageParams {
   // Tensor parallelism: where each dense parameter's slice lies in the whole (not sliced: a default
   // SliceOf), so checkpoints name slices by the whole parameter's coordinates.
   void set_slices(std::vector<SliceOf> per_dense) { slices_ = std::move(per_dense); }
+  // Sequence parallelism: the layout ranges of the replicated parameters of regions that ran on this
+  // rank's share of the tokens (their norms' and biases' gradients are partial), and the group that
+  // sums them. sum_sequence_grads does so for what this rank steps, once a step, after the stage's
+  // reductions and before the global norm and the update (the executor calls it before both).
+  void set_sequence_shared(std::vector<ir::Range> ranges, std::function<void(torch::Tensor&)> sum_over_tp) {
+    sequence_shared_ = std::move(ranges);
+    sum_over_tp_ = std::move(sum_over_tp);
+  }
+  void sum_sequence_grads();
   // Sum and sum of squares of what this rank owns (its shards, or everything on replica 0).
   std::pair<double, double> checksum(bool owner_of_replicated) const;
   // What a checkpoint saves from this rank: the optimizer's parameters and moments it updates —
@@ -138,6 +147,9 @@ class StageParams {
   Names dense_names_, expert_names_;
   std::vector<bool> copy_;  // per dense parameter: a tied copy (mark_copies)
   std::vector<SliceOf> slices_;  // per dense parameter (set_slices); empty: none sliced
+  std::vector<ir::Range> sequence_shared_;  // set_sequence_shared
+  std::function<void(torch::Tensor&)> sum_over_tp_;
+  bool sequence_summed_ = false;  // this step's
   std::vector<std::pair<bool, int64_t>> slot_at_;  // per optimizer slot: (expert layout?, first element)
   mutable std::mutex mu_;  // compute and comm streams share the maps above
 

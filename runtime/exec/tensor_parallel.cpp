@@ -1,6 +1,9 @@
 #include "runtime/exec/tensor_parallel.h"
 
+#include <fmt/format.h>
 #include <torch/torch.h>
+
+#include <algorithm>
 
 namespace piper::runtime {
 
@@ -17,6 +20,64 @@ void sum_over(torch::Tensor& t, const TensorGroup& g) {
 }
 
 const TensorGroup& group_of(int64_t handle) { return *reinterpret_cast<const TensorGroup*>(handle); }
+
+// Sequence parallelism's data movement, along dimension 1 (activations are [samples, sequence, ...]).
+// The collectives cut flat buffers into equal parts, so the sequence goes first while they run.
+int64_t member(const TensorGroup& g) {
+  return std::find(g.group.begin(), g.group.end(), g.comm->rank()) - g.group.begin();
+}
+int64_t ways(const TensorGroup& g) { return std::max<int64_t>(1, static_cast<int64_t>(g.group.size())); }
+
+// This rank's share of x along the sequence.
+torch::Tensor my_share(const torch::Tensor& x, const TensorGroup& g) {
+  return x.chunk(ways(g), 1)[static_cast<size_t>(member(g))].contiguous();
+}
+
+// Every member's share of the sequence, concatenated: [samples, sequence / k, ...] -> [samples, sequence, ...].
+torch::Tensor all_gather_sequence(const torch::Tensor& x, const TensorGroup& g) {
+  if (g.group.size() < 2) return x;
+  torch::Tensor in = x.transpose(0, 1).to(torch::kFloat).contiguous();
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape[0] *= ways(g);
+  torch::Tensor out = torch::empty(shape, in.options());
+  std::vector<size_t> offsets;
+  for (int64_t j = 0; j <= ways(g); ++j) offsets.push_back(static_cast<size_t>(j * in.numel()));
+  g.comm->all_gather(in.data_ptr<float>(), out.data_ptr<float>(), offsets, g.group, g.channel);
+  return out.to(x.scalar_type()).transpose(0, 1).contiguous();
+}
+
+// The members' partials summed, this rank keeping its share of the sequence (`drop`: its share of
+// its own partial, unsummed: the negative control).
+torch::Tensor reduce_scatter_sequence(const torch::Tensor& x, const TensorGroup& g) {
+  if (g.group.size() < 2) return x;
+  if (g.drop) return my_share(x, g);
+  torch::Tensor in = x.transpose(0, 1).to(torch::kFloat).contiguous();
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape[0] /= ways(g);
+  torch::Tensor out = torch::empty(shape, in.options());
+  std::vector<size_t> offsets;
+  for (int64_t j = 0; j <= ways(g); ++j) offsets.push_back(static_cast<size_t>(j * out.numel()));
+  g.comm->reduce_scatter_sum(in.data_ptr<float>(), out.data_ptr<float>(), offsets, g.group, g.channel);
+  return out.to(x.scalar_type()).transpose(0, 1).contiguous();
+}
+
+template <torch::Tensor (*Forward)(const torch::Tensor&, const TensorGroup&),
+          torch::Tensor (*Backward)(const torch::Tensor&, const TensorGroup&)>
+struct SequenceOp : torch::autograd::Function<SequenceOp<Forward, Backward>> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t handle) {
+    ctx->saved_data["group"] = handle;
+    return Forward(x, group_of(handle));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
+    return {Backward(grad[0], group_of(ctx->saved_data["group"].toInt())), torch::Tensor()};
+  }
+};
+// Megatron's pairs: gather forward / reduce-scatter backward into tp_partial, and the reverse out of it;
+// at the edges of a run of such regions, this rank's share in (its gradient gathered back) and the whole out.
+using AllGatherSequence = SequenceOp<all_gather_sequence, reduce_scatter_sequence>;
+using ReduceScatterSequence = SequenceOp<reduce_scatter_sequence, all_gather_sequence>;
+using ScatterSequence = SequenceOp<my_share, all_gather_sequence>;
+using GatherSequence = SequenceOp<all_gather_sequence, my_share>;
 
 // Megatron's g: the partial outputs summed in the forward; the gradient reaches every slice as is.
 struct ReduceForward : torch::autograd::Function<ReduceForward> {
@@ -44,10 +105,14 @@ struct ReduceBackward : torch::autograd::Function<ReduceBackward> {
 };
 }  // namespace
 
-torch::Tensor run_sharded(const torch::jit::Module& region, const torch::Tensor& x, const TensorGroup& g) {
+torch::Tensor run_sharded(const torch::jit::Module& region, const torch::Tensor& x, const TensorGroup& g, bool sequence) {
   auto& m = const_cast<torch::jit::Module&>(region);
   const int64_t handle = reinterpret_cast<int64_t>(&g);
   torch::Tensor h = m.run_method("tp_enter", x).toTensor();
+  if (sequence) {
+    torch::Tensor p = m.run_method("tp_partial", AllGatherSequence::apply(h, handle)).toTensor();
+    return m.run_method("tp_exit", x, ReduceScatterSequence::apply(p, handle)).toTensor();
+  }
   if (h.requires_grad()) h = ReduceBackward::apply(h, handle);
   torch::Tensor p = m.run_method("tp_partial", h).toTensor();
   torch::Tensor s = p.requires_grad() ? ReduceForward::apply(p, handle) : [&] {
@@ -56,6 +121,19 @@ torch::Tensor run_sharded(const torch::jit::Module& region, const torch::Tensor&
     return out;
   }();
   return m.run_method("tp_exit", x, s).toTensor();
+}
+
+torch::Tensor scatter_sequence(const torch::Tensor& x, const TensorGroup& g) {
+  // The checker checked the model's sequence; a shorter --seq-len must divide as well.
+  if (x.dim() < 2 || x.size(1) % ways(g) != 0)
+    throw std::runtime_error(fmt::format("sequence parallelism over {} ranks: a sequence of {} tokens does not divide evenly "
+                                         "(choose a --seq-len that tp divides)",
+                                         ways(g), x.dim() < 2 ? 0 : x.size(1)));
+  return ScatterSequence::apply(x, reinterpret_cast<int64_t>(&g));
+}
+
+torch::Tensor gather_sequence(const torch::Tensor& x, const TensorGroup& g) {
+  return GatherSequence::apply(x, reinterpret_cast<int64_t>(&g));
 }
 
 }  // namespace piper::runtime

@@ -24,6 +24,17 @@ struct TensorGroup {
 // The region by the contract (docs/models.md): h = tp_enter(x) replicated; f(h) (identity forward,
 // all-reduce of its gradient backward); p = tp_partial(h) on this rank's slice; g(p) (all-reduce
 // forward, identity backward); tp_exit(x, g(p)).
-torch::Tensor run_sharded(const torch::jit::Module& region, const torch::Tensor& x, const TensorGroup& g);
+// With `sequence` (Megatron's sequence parallelism) x is this rank's share of the tokens: tp_enter
+// runs on it, its result is all-gathered (reduce-scattered backward) for tp_partial, whose partial
+// output is reduce-scattered (all-gathered backward) back to this rank's share for tp_exit.
+torch::Tensor run_sharded(const torch::jit::Module& region, const torch::Tensor& x, const TensorGroup& g,
+                          bool sequence = false);
+
+// Activations [samples, sequence, ...] cut along the sequence over the group (member j holds the
+// j-th share). scatter_sequence: this rank's share (its gradient all-gathered backward);
+// gather_sequence: the whole from every member's share (backward: this rank's share of the
+// gradient, which every member computed alike from the same whole).
+torch::Tensor scatter_sequence(const torch::Tensor& x, const TensorGroup& g);
+torch::Tensor gather_sequence(const torch::Tensor& x, const TensorGroup& g);
 
 }  // namespace piper::runtime

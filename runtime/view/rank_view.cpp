@@ -39,6 +39,9 @@ void tensor_group(const Mesh& mesh, int rank, RankView& v, StageView& sv) {
   if (sv.facts->tp.axis < 0 || sv.facts->tp.ways <= 1) return;
   for (int32_t r : mesh.group_along(rank, sv.facts->tp.axis)) sv.tp_group.push_back(r);
   v.groups.insert({sv.tp_group, tensor_channel(sv.stage)});
+  const auto& segs = sv.facts->segments;
+  if (std::any_of(segs.begin(), segs.end(), [](const ir::Segment& s) { return !s.sequence_regions.empty(); }))
+    v.groups.insert({sv.tp_group, sequence_channel(sv.stage)});
 }
 
 // `on stream comm sms N` (facts.stream_sms): the group and channel of each collective this rank runs on

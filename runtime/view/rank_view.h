@@ -18,6 +18,8 @@ enum Channel : int { kReplicaChannel = 1, kRuntimeChannel = 2, kHashChannel = 3,
 // Tensor parallelism sums partials from inside the pieces of each stage in that stage's program
 // order; a channel per stage keeps two stages of a rank (a V's chunks) apart.
 inline int tensor_channel(int32_t stage) { return kTensorChannel + 16 * (stage + 1); }
+// Sequence parallelism's sums of a stage's partial parameter gradients (once a step, off the compute order).
+inline int sequence_channel(int32_t stage) { return kTensorChannel + 1 + 16 * (stage + 1); }
 // Expert all-to-alls run in each stream's program order; a channel per stream keeps two streams'
 // exchanges (`order fwd(i) on stream a2a_f; order bwd(i) on stream a2a_b;`) from crossing.
 inline int expert_channel(ir::StreamId stream) { return kExpertChannel + 16 * (stream + 1); }
