@@ -342,7 +342,8 @@ double CostModel::tp_share(const ir::Graph& g, const ir::Node& n) const {
 }
 
 // The all-reduces a tensor-parallel piece runs inside: one per sharded region, of its partial
-// output in the forward and of its input gradient in the backward (none in BW), ring on the tp axis's link.
+// output in the forward and of its input gradient in the backward (none in BW), ring on the tp axis's
+// link; with sequence parallelism, one all-gather more.
 CostModel::TpTraffic CostModel::tp_traffic(const ir::Graph& g, const ir::Node& n) const {
   using ir::Op;
   if (n.stage < 0 || !ir::is_chunk(n.op) || n.op == Op::U || n.op == Op::BW) return {};
@@ -356,8 +357,16 @@ CostModel::TpTraffic CostModel::tp_traffic(const ir::Graph& g, const ir::Node& n
   // Partial sums travel in the compute precision (the manifest's outputs are fp32).
   t.bytes = static_cast<double>(seg.tp_reduce_bytes) * static_cast<double>(samples_) /
             (g.stage(n.stage).precision == DType::BF16 ? 2 : 1);
-  if (machine_)
-    t.seconds = static_cast<double>(t.calls) * collective_seconds(g, Op::AllReduce, t.bytes / static_cast<double>(t.calls), tp.ways, tp.axis);
+  const double each = t.bytes / static_cast<double>(t.calls);
+  if (machine_) t.seconds = static_cast<double>(t.calls) * collective_seconds(g, Op::AllReduce, each, tp.ways, tp.axis);
+  // Sequence parallelism: each all-reduce is a reduce-scatter and an all-gather of as many bytes (a
+  // ring prices them alike), and a run of such regions gathers the shares once at its end (forward)
+  // or where it took them (backward): one all-gather of a region's output more.
+  if (!seg.sequence_regions.empty()) {
+    t.calls += 1;
+    t.bytes += each;
+    if (machine_) t.seconds += collective_seconds(g, Op::AllGather, each, tp.ways, tp.axis);
+  }
   return t;
 }
 
