@@ -12,7 +12,8 @@
 
 namespace piper::runtime {
 
-// The ranks that hold a stage's slices and how they sum partials. `drop`: the sums are skipped
+// The ranks that hold a stage's slices and how they sum partials. `drop`: the sums are skipped — the
+// all-reduces, and under sequence parallelism the reduce-scatters, which keep their own share unsummed
 // (PIPER_TEST_DROP_COLLECTIVE=tensor, the equivalence test's negative control).
 struct TensorGroup {
   Communicator* comm = nullptr;
