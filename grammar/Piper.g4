@@ -13,7 +13,7 @@ stmt        : 'param' NAME '=' expr ('in' domain)? ';'                    # para
             | 'for' NAME 'in' expr '..' expr block                        # forStmt
             | 'place' selectors placeTarget streamClause? ';'             # placeStmt
             | 'replicate' selectors 'over' axisRef replicateOpt* streamClause? ';' # replicateStmt
-            | 'shard' selectors 'over' axisRef shardDim? seq='sequence'? streamClause? ';' # shardStmt
+            | 'shard' selectors 'over' axisRef shardDim? (seq='sequence' exchange=NAME?)? streamClause? ';' # shardStmt
             | 'split' 'batch' 'into' expr ';'                             # splitStmt
             | 'order' chain streamClause? ';'                             # orderStmt
             | 'order' 'from' STRING ';'                                   # orderFromStmt

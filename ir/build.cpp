@@ -288,6 +288,30 @@ void mark_sequence_parallel(const CheckedStrategy& s, StageFacts& st) {
     for (RegionId q : seg.tp_regions)
       if (auto it = dirs.find(q); it != dirs.end() && it->second->sequence) seg.sequence_regions.push_back(q);
 }
+
+// Context parallelism: the regions of each piece that run on shares of the tokens, their work split
+// over the axis (load balancing gives each rank 1/cp of the causal attention too), and the keys and
+// values their attention passes round.
+void mark_context_parallel(const LowerContext& c, StageFacts& st) {
+  for (const auto& d : c.strategy.directives) {
+    const auto* cs = std::get_if<ContextShardDirective>(&d.body);
+    if (!cs) continue;
+    const int64_t ways = c.strategy.axis_size(cs->axis);
+    for (Segment& seg : st.segments)
+      for (RegionId r : seg.regions)
+        for (RegionId q : cs->leaves) {
+          if (!c.manifest.is_ancestor(r, q)) continue;
+          st.cp = TensorParallel{c.axis_index(cs->axis), ways};
+          seg.context_regions.push_back(q);
+          seg.flops -= c.manifest.flops(q) - c.manifest.flops(q) / ways;
+          const Region& reg = c.manifest.regions[static_cast<size_t>(q)];
+          if (reg.cp != "attention" || !reg.output) continue;
+          int64_t b = dtype_bytes(reg.output->dtype);
+          for (int64_t x : reg.output->shape) b *= x;
+          seg.cp_kv_bytes += 2 * b;  // keys and values are each as wide as the output (the zoo's heads)
+        }
+  }
+}
 }  // namespace
 
 void build_pass(LowerContext& c) {
@@ -324,6 +348,7 @@ void build_pass(LowerContext& c) {
         }
     st.segments = cut(st, c.manifest, sharded, tp, cut_before);
     mark_sequence_parallel(c.strategy, st);
+    mark_context_parallel(c, st);
     mark_tied_uses(st, c.manifest);
     // Expert ownership: each list's members in contiguous blocks over the shard axis.
     for (size_t j = 0; j < st.segments.size(); ++j) {

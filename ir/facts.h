@@ -56,6 +56,12 @@ struct Segment {
   // the sum is a reduce-scatter (forward) and the input an all-gather, and the gradients of their
   // replicated parameters are summed over the axis before the update (each rank saw its tokens only).
   std::vector<RegionId> sequence_regions;
+  // Context parallelism: the regions (manifest `cp` layouts, in order) that run on this rank's share
+  // of each sample's tokens, their parameters whole and their gradients summed over the axis; the
+  // attention among them passes keys and values round a ring. Per sample, the bytes of the keys and
+  // values those attentions exchange (the whole sequence's: each rank sends its share cp-1 times).
+  std::vector<RegionId> context_regions;
+  int64_t cp_kv_bytes = 0;
   // Whether the piece reads (and writes gradients into) any element of `r` of the layout.
   bool touches(const Range& r) const {
     auto overlap = [&](const Range& a) { return a.begin < r.end && r.begin < a.end; };
@@ -154,6 +160,7 @@ struct StageFacts {
   std::vector<ExpertShard> experts;
   std::vector<TiedSlot> tied;
   TensorParallel tp;
+  TensorParallel cp;              // context parallelism's axis and ways (-1: none)
   DType precision = DType::F32;   // compute precision (`precision bf16`)
   StageStorage storage;           // what each replica member holds (the storage pass)
 };

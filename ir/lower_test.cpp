@@ -479,6 +479,25 @@ TEST_CASE("tensor parallelism: each rank lays out its slices, its pieces run the
   for (RegionId q : sps.sequence_regions) CHECK(f.manifest.regions[static_cast<size_t>(q)].kind == "attention");
 }
 
+TEST_CASE("context parallelism: each piece's blocks run on a share of the tokens, their work over cp") {
+  Front f;
+  Graph whole = lowered(f, "split batch into 1;\n");
+  Graph g = lowered(f, "mesh cp = 2;\nshard layers[*] over cp sequence ring;\n");
+  const StageFacts& st = g.facts.stages.front();
+  CHECK(st.cp.axis == 0);
+  CHECK(st.cp.ways == 2);
+  CHECK(st.tp.ways == 1);
+  CHECK(st.dense_elems == whole.facts.stages.front().dense_elems);  // parameters whole
+  const Segment& seg = st.segments.front();
+  REQUIRE(seg.context_regions.size() == 16);  // 8 layers x (attention, MLP)
+  int64_t cp_flops = 0;
+  for (RegionId q : seg.context_regions) cp_flops += f.manifest.flops(q);
+  CHECK(find(g, "0F0").flops == find(whole, "0F0").flops - cp_flops + cp_flops / 2);
+  CHECK(seg.cp_kv_bytes == 8 * 2 * 64 * 64 * 4);  // per attention, [seq, d] fp32 keys and values
+  CHECK(census(g) == std::map<std::string, int>{{"F", 1}, {"B", 1}, {"U", 1}});  // the ring runs inside the piece
+  CHECK(whole.facts.stages.front().segments.front().context_regions.empty());
+}
+
 TEST_CASE("tensor parallelism composes: ZeRO shards the slices over dp, the pipeline cuts the sharded blocks") {
   Front f;
   Graph g = lowered(f, "use \"1f1b.piper\";\nuse \"zero1.piper\";\nuse \"tp.piper\";\n",

@@ -111,6 +111,8 @@ struct ShardStmt {
   AxisRef axis;
   std::optional<std::pair<std::string, SourceLoc>> dim;  // `over tp heads`: what a tensor shard splits
   std::optional<SourceLoc> sequence;  // `over tp heads sequence`: its replicated part on sequence shards
+  // `over cp sequence ring`: context parallelism, the regions on shares of the tokens exchanging so
+  std::optional<std::pair<std::string, SourceLoc>> exchange;
   std::optional<StreamClause> stream;
 };
 struct SplitStmt { ExprPtr microbatches; };

@@ -161,6 +161,10 @@ class Checker {
   void tensor_shard(const ast::ShardStmt& sh, const ast::Stmt& s, const std::vector<RegionId>& sel,
                     const std::string& axis);
   bool tied_slice_ok(RegionId r, SourceLoc at, const std::string& axis);
+  // `shard ... over cp sequence ring;` (context_shard.cpp)
+  void context_shard(const ast::ShardStmt& sh, const ast::Stmt& s, const std::vector<RegionId>& sel,
+                     const std::string& axis);
+  bool context_leaves(RegionId r, std::vector<RegionId>& out) const;
   void stmt(const ast::SplitStmt& sp, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void stmt(const ast::OrderStmt& o, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void stmt(const ast::SequenceStmt& q, const ast::Stmt&, Env& env, UseContext& use, FileId file);
@@ -177,6 +181,9 @@ class Checker {
   void finish_mesh();
   void finish_placement();
   void finish_axes();
+  void finish_split_blocks();
+  bool claim_model_axis(std::map<std::string, SourceLoc>& uses, const std::string& axis, SourceLoc at, SourceLoc stmt,
+                        const char* message, const char* note);
   void finish_batch();
 
   // order expansion (order_expansion.cpp)
@@ -204,7 +211,8 @@ class Checker {
   std::set<std::string> used_overrides_;
   std::map<std::string, SourceLoc> bound_by_use_;  // parameters a `use` argument fixed, where
   std::set<std::string> used_axes_;
-  std::map<std::string, SourceLoc> replicate_axes_, shard_axes_, tensor_axes_;
+  std::map<std::string, SourceLoc> replicate_axes_, shard_axes_, tensor_axes_, context_axes_;
+  std::map<RegionId, SourceLoc> context_sharded_;  // the leaves run on shares of the tokens, where
   std::map<RegionId, SourceLoc> tensor_sharded_;  // regions sharded over a tensor-parallel axis, where
   std::map<RegionId, SourceLoc> placed_;  // where each pipeline region was placed ("placed twice/never")
   std::map<std::pair<int64_t, int64_t>, std::pair<bool, SourceLoc>> backward_form_;

@@ -274,6 +274,47 @@ TEST_CASE("sequence parallelism on a tensor shard is recorded, prints back, and 
   CHECK(plain.check("mesh tp = 2;\nshard layers[*].attn over tp heads;\n"));
 }
 
+TEST_CASE("a context shard records the regions' leaves, prints back, and makes its axis a model axis") {
+  Front f;
+  auto s = f.check("mesh dp = 2, cp = 2;\nreplicate * over dp;\nshard layers[*] over cp sequence ring;\n");
+  REQUIRE_MESSAGE(s, f.errors());
+  auto c = directives_of<ContextShardDirective>(*s);
+  REQUIRE(c.size() == 1);
+  CHECK(c[0]->regions.size() == 8);
+  REQUIRE(c[0]->leaves.size() == 16);  // each block: its attention, then its MLP
+  CHECK(f.manifest.regions[static_cast<size_t>(c[0]->leaves[0])].kind == "attention");
+  CHECK(f.manifest.regions[static_cast<size_t>(c[0]->leaves[1])].kind == "mlp");
+  CHECK(c[0]->axis == "cp");
+  CHECK(c[0]->exchange == "ring");
+  CHECK(s->mesh.axes()[1].model);
+  CHECK(s->replicas() == 2);  // cp's ranks read the same samples
+  const std::string text = print_strategy(*s, f.manifest);
+  CHECK(text.find("shard layers[*] over cp sequence ring;") != std::string::npos);
+  Front again;
+  auto back = again.check(text);
+  REQUIRE_MESSAGE(back, again.errors());
+  CHECK(directives_of<ContextShardDirective>(*back).at(0)->leaves == c[0]->leaves);
+}
+
+TEST_CASE("a context shard needs 2×cp to divide the sequence, a known exchange, and no tensor parallelism beside it") {
+  Front odd;  // 2×cp = 4 chunks; 62 tokens split over 2 ranks but not into 4 balanced chunks
+  for (Region& r : odd.manifest.regions)
+    if (r.kind == "block" && r.input) r.input->shape[0] = 62;
+  CHECK(!odd.check("mesh cp = 2;\nshard layers[*] over cp sequence ring;\n"));
+  CHECK(odd.first_error() == "'layers[0]' has a sequence of 62, which does not divide into 2×cp=4 chunks for load-balanced ring attention");
+  Front a2a;
+  CHECK(!a2a.check("mesh cp = 2;\nshard layers[*] over cp sequence a2a;\n"));
+  CHECK(a2a.first_error() == "unknown context-parallel exchange 'a2a'");
+  Front both;
+  CHECK(!both.check("mesh tp = 2, cp = 2;\nshard layers[*].mlp over tp;\nshard layers[*].attn over cp sequence ring;\n"));
+  CHECK(both.first_error() == "context and tensor parallelism in one strategy are not built yet");
+  Front twice;
+  CHECK(!twice.check("mesh cp = 2;\nshard layers[*] over cp sequence ring;\nshard layers[0].attn over cp sequence ring;\n"));
+  CHECK(twice.first_error() == "'layers[0].attn' is split by the sequence twice");
+  Front pipe;  // the pipeline's axis cannot also split the sequence
+  CHECK(!pipe.check("mesh pp = 2;\nplace layers[*] over pp;\nshard layers[*] over pp sequence ring;\n"));
+}
+
 TEST_CASE("a tensor shard records the regions and their layout's dimension, and makes its axis a model axis") {
   Front f;
   auto s = f.check("mesh dp = 2, tp = 2;\nreplicate * over dp;\nshard layers[*].attn over tp heads;\n"

@@ -218,6 +218,7 @@ void Checker::stmt(const ast::ShardStmt& sh, const ast::Stmt& s, Env& env, UseCo
   if (!sel) return;
   auto axis = check_axis(sh.axis, env);
   if (!axis) return;
+  if (sh.exchange) return context_shard(sh, s, *sel, *axis);
   // A shard of a list spreads its members (experts); of a region with a tp layout, its tensors.
   if (sh.dim || sh.sequence || std::none_of(sel->begin(), sel->end(), [&](RegionId r) { return m_.is_list(r); }))
     return tensor_shard(sh, s, *sel, *axis);
@@ -312,15 +313,9 @@ void Checker::tensor_shard(const ast::ShardStmt& sh, const ast::Stmt& s, const s
       return;
     }
   }
-  if (!tensor_axes_.empty() && !tensor_axes_.count(axis)) {
-    diags_.error(sh.axis.loc, fmt::format("one tensor-parallel axis per strategy: regions are already sharded over '{}'",
-                                          tensor_axes_.begin()->first))
-        .note(tensor_axes_.begin()->second, "sharded over it here");
+  if (!claim_model_axis(tensor_axes_, axis, sh.axis.loc, s.loc, "one tensor-parallel axis per strategy: regions are "
+                                                                 "already sharded over '{}'", "sharded over it here"))
     return;
-  }
-  tensor_axes_.emplace(axis, s.loc);
-  for (MeshAxis& a : axes_)
-    if (a.name == axis) a.model = true;
   out_.directives.push_back(
       Directive{s.loc,
                 TensorShardDirective{sel, axis, sel.empty() ? "" : m_.regions[static_cast<size_t>(sel.front())].tp->dim,
@@ -460,6 +455,20 @@ void Checker::stmt(const ast::PrecisionStmt& p, const ast::Stmt& s, Env& env, Us
     regions = *sel;
   }
   out_.directives.push_back(Directive{s.loc, PrecisionDirective{t, regions}, diags_.context()});
+}
+
+// Makes `axis` the strategy's one axis of its kind (`uses`: tensor or context parallelism) and a
+// model axis (its ranks read the same samples); false, with an error at `at`, if another has it.
+bool Checker::claim_model_axis(std::map<std::string, SourceLoc>& uses, const std::string& axis, SourceLoc at, SourceLoc stmt,
+                               const char* message, const char* note) {
+  if (!uses.empty() && !uses.count(axis)) {
+    diags_.error(at, fmt::format(fmt::runtime(message), uses.begin()->first)).note(uses.begin()->second, note);
+    return false;
+  }
+  uses.emplace(axis, stmt);
+  for (MeshAxis& a : axes_)
+    if (a.name == axis) a.model = true;
+  return true;
 }
 
 }  // namespace piper::check

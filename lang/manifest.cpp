@@ -242,6 +242,11 @@ class Loader {
     }
     if (j.contains("tp") && !tensor_layout(j["tp"], where + ".tp", r)) return false;
     if (j.contains("work") && !work(j["work"], where + ".work", j.contains("flops"), r)) return false;
+    if (j.contains("cp")) {
+      if (!j["cp"].is_string() || (j["cp"] != "tokenwise" && j["cp"] != "attention"))
+        return fail(where + ".cp", "expected \"tokenwise\" or \"attention\" (how the region runs on a share of the tokens)"), false;
+      r.cp = j["cp"].get<std::string>();
+    }
     if (!r.tp && std::any_of(r.params.begin(), r.params.end(), [](const ParamSpec& p) { return p.sharded(); }))
       return fail(where, "parameters say how they shard, but the region has no \"tp\" layout"), false;
     insert(m, std::move(r));

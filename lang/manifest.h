@@ -91,6 +91,10 @@ struct Region {
   int64_t flops = 0;  // forward FLOPs per sample for this region alone
   std::vector<Work> work;  // what the flops are made of (optional; the roofline prices it)
   std::optional<TensorLayout> tp;  // set when the region can be sharded over a tensor-parallel axis
+  // Set when the region can run on a share of each sample's tokens (context parallelism):
+  // "tokenwise" (each token's output depends on that token's input alone: an MLP, a norm) or
+  // "attention" (causal self-attention by the context-parallel contract, docs/models.md).
+  std::string cp;
   std::optional<RegionMemory> memory;       // measured activation memory, running the region (subtree) alone
   std::optional<RegionMemory> memory_bf16;  // the same with bf16 parameters and activations
   // A region with a tp layout, measured on one rank's slice of two (fp32): with `memory`, what its

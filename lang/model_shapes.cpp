@@ -97,6 +97,7 @@ json gqa_attention(const ShapeConfig& c, const std::string& p) {
                gemm(s, d, q, "k"), memory(3 * s * d)};
   json r = region(p + ".attn", "attention", params, work, s, d);
   r["tp"] = {{"dim", "heads"}, {"count", c.kv_heads}};  // key/value heads bind first
+  r["cp"] = "attention";
   // Kept: norm input and output, output; per rank: q, k, v, the attention output and log-sum-exp.
   estimate_memory(r, 3 * s * d, s * (2 * q + 2 * kv + c.heads), s * (q + 2 * kv));
   return r;
@@ -124,6 +125,7 @@ json mla_attention(const ShapeConfig& c, const std::string& p) {
                memory(3 * s * d)};
   json r = region(p + ".attn", "attention", params, work, s, d);
   r["tp"] = {{"dim", "heads"}, {"count", h}};
+  r["cp"] = "attention";
   const int64_t rep = 3 * s * d + 2 * s * (c.q_lora + c.kv_lora + c.qk_rope_dim);
   estimate_memory(r, rep, s * h * (2 * qk + 2 * c.v_head_dim + 1), s * h * (qk + c.v_head_dim));
   return r;
@@ -142,6 +144,7 @@ json swiglu(const std::string& name, const char* kind, int64_t tokens, int64_t d
     work.push_back(w);
   json r = region(name, kind, params, work, s, d);
   if (tp) r["tp"] = {{"dim", "hidden"}, {"count", f}};
+  if (std::string_view(kind) == "mlp") r["cp"] = "tokenwise";
   estimate_memory(r, (norm ? 3 : 2) * tokens * d, 4 * tokens * f, 2 * tokens * f);
   return r;
 }

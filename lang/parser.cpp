@@ -265,7 +265,10 @@ class Builder {
     if (auto* d = p->shardDim()) dim = std::make_pair(d->NAME()->getText(), tok_loc(f_, d->NAME()->getSymbol()));
     std::optional<SourceLoc> sequence;
     if (p->seq) sequence = tok_loc(f_, p->seq);
-    return ast::ShardStmt{selectors(p->selectors()), axis_ref(p->axisRef()), std::move(dim), sequence, stream(p->streamClause())};
+    std::optional<std::pair<std::string, SourceLoc>> exchange;
+    if (p->exchange) exchange = std::make_pair(p->exchange->getText(), tok_loc(f_, p->exchange));
+    return ast::ShardStmt{selectors(p->selectors()), axis_ref(p->axisRef()), std::move(dim), sequence, std::move(exchange),
+                          stream(p->streamClause())};
   }
 
   std::optional<ast::StreamClause> stream(G::StreamClauseContext* c) {

@@ -40,6 +40,7 @@ std::string strategy_report(const CheckedStrategy& s, const Manifest& m) {
       else if constexpr (std::is_same_v<T, ReplicateDirective>) return "replicate";
       else if constexpr (std::is_same_v<T, ShardDirective>) return "shard";
       else if constexpr (std::is_same_v<T, TensorShardDirective>) return "tensor shard";
+      else if constexpr (std::is_same_v<T, ContextShardDirective>) return "context shard";
       else if constexpr (std::is_same_v<T, SplitDirective>) return "split";
       else if constexpr (std::is_same_v<T, OrderDirective>) return "order";
       else if constexpr (std::is_same_v<T, RecomputeDirective>) return "recompute";
@@ -59,6 +60,9 @@ std::string strategy_report(const CheckedStrategy& s, const Manifest& m) {
     if (const auto* t = std::get_if<TensorShardDirective>(&d.body))
       out += fmt::format("    shard {} over {}={} by {} (tensor parallel)\n", print_regions(t->regions, m), t->axis,
                          s.axis_size(t->axis), t->dim);
+    if (const auto* c = std::get_if<ContextShardDirective>(&d.body))
+      out += fmt::format("    shard {} over {}={} by the sequence, {} attention (context parallel)\n",
+                         print_regions(c->regions, m), c->axis, s.axis_size(c->axis), c->exchange);
   }
   return out;
 }

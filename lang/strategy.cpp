@@ -164,6 +164,8 @@ std::string directive_text(const Directive& d, const Manifest& m, const SmsLimit
           return fmt::format("shard {} over {}{};\n", print_regions(x.regions, m), x.axis, stream_clause(x.stream, sms));
         } else if constexpr (std::is_same_v<T, TensorShardDirective>) {
           return fmt::format("shard {} over {} {}{};\n", print_regions(x.regions, m), x.axis, x.dim, x.sequence ? " sequence" : "");
+        } else if constexpr (std::is_same_v<T, ContextShardDirective>) {
+          return fmt::format("shard {} over {} sequence {};\n", print_regions(x.regions, m), x.axis, x.exchange);
         } else if constexpr (std::is_same_v<T, SplitDirective>) {
           return fmt::format("split batch into {};\n", x.microbatches);
         } else if constexpr (std::is_same_v<T, OrderDirective>) {

@@ -64,6 +64,17 @@ struct TensorShardDirective {
   bool sequence = false;
 };
 
+// `shard layers[*] over cp sequence ring;`: context parallelism. The regions run on this rank's share
+// of each sample's tokens (load-balanced: chunks j and 2·cp-1-j of 2·cp), their causal attention
+// passing keys and values round a ring of the axis; their parameters are whole on every rank and
+// their gradients summed over the axis. The axis is a model axis (its ranks read the same samples).
+struct ContextShardDirective {
+  std::vector<RegionId> regions;  // as selected
+  std::vector<RegionId> leaves;   // the regions with a `cp` layout (manifest) they are made of, in order
+  std::string axis;
+  std::string exchange;  // "ring"
+};
+
 struct SplitDirective {
   int64_t microbatches = 1;
 };
@@ -82,7 +93,7 @@ struct PrecisionDirective {
   std::vector<RegionId> regions;  // the root when it applies to the whole model
 };
 
-using DirectiveBody = std::variant<PlaceDirective, ReplicateDirective, ShardDirective, TensorShardDirective,
+using DirectiveBody = std::variant<PlaceDirective, ReplicateDirective, ShardDirective, TensorShardDirective, ContextShardDirective,
                                    SplitDirective, OrderDirective, RecomputeDirective, PrecisionDirective>;
 
 // For exhaustive visitors: `else static_assert(unhandled<T>, "...")` makes a directive that a

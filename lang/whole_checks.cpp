@@ -28,10 +28,38 @@ void Checker::finish() {
                  fmt::format("{} microbatches over {} stages are {} forward tasks a step: the limit is {}",
                              out_.microbatches, stages, stages * out_.microbatches, kMaxStageMicrobatches));
   finish_axes();
+  finish_split_blocks();
   finish_batch();
   if (diags_.has_errors()) return;
   finish_orders();
   if (!diags_.has_errors()) finish_schedule_files();
+}
+
+// A tensor or context shard of part of a block runs the block as its parts chained; a block with
+// experts chains only as DualPipeV × EP runs it (attention and router, then the experts' piece), so
+// its experts must be sharded too.
+void Checker::finish_split_blocks() {
+  std::vector<RegionId> spread;  // expert lists sharded over an axis
+  for (const Directive& d : out_.directives)
+    if (const auto* sh = std::get_if<ShardDirective>(&d.body)) spread.insert(spread.end(), sh->regions.begin(), sh->regions.end());
+  for (const Directive& d : out_.directives) {
+    const std::vector<RegionId>* parts = nullptr;
+    if (const auto* t = std::get_if<TensorShardDirective>(&d.body)) parts = &t->regions;
+    if (const auto* c = std::get_if<ContextShardDirective>(&d.body)) parts = &c->regions;
+    if (!parts) continue;
+    for (RegionId r : *parts)
+      for (RegionId block : m_.sequence) {
+        if (block == r || !m_.is_ancestor(block, r)) continue;
+        for (size_t q = 0; q < m_.regions.size(); ++q) {
+          const bool spread_q = std::any_of(spread.begin(), spread.end(), [&](RegionId l) { return m_.is_ancestor(l, RegionId(q)); });
+          if (m_.regions[q].kind != "expert" || !m_.is_ancestor(block, RegionId(q)) || spread_q) continue;
+          diags_.error(d.loc, fmt::format("'{}' is split, but its block's experts are not sharded over an axis: "
+                                          "that block cannot run as its parts yet", m_.selector_text(r)))
+              .note(SourceLoc{}, "shard the experts too (`shard layers[*].moe.experts over ep;`, as dualpipev_ep_tp.piper)");
+          return;
+        }
+      }
+  }
 }
 
 void Checker::finish_mesh() {
@@ -95,15 +123,23 @@ void Checker::finish_axes() {
   }
   // A tensor-parallel axis splits the model: its ranks read the same samples, so it cannot carry
   // data parallelism, experts or the pipeline too.
-  for (const auto& [axis, loc] : tensor_axes_) {
-    const char* other = axis == pp ? "the pipeline axis" : replicate_axes_.count(axis) ? "replicated over"
-                        : shard_axes_.count(axis) ? "an expert axis" : nullptr;
-    if (!other) continue;
-    SourceLoc there = axis == pp ? first_place_ : replicate_axes_.count(axis) ? replicate_axes_.at(axis) : shard_axes_.at(axis);
-    diags_.error(loc, fmt::format("'{}' is a tensor-parallel axis here but {} too: give tensor parallelism an axis "
-                                  "of its own", axis, other))
-        .note(there, "used here");
-  }
+  // So does a context-parallel axis (its ranks read the same samples, each a share of their tokens).
+  for (const auto* model : {&tensor_axes_, &context_axes_})
+    for (const auto& [axis, loc] : *model) {
+      const bool tensor_too = model == &context_axes_ && tensor_axes_.count(axis);
+      const char* other = axis == pp ? "the pipeline axis" : replicate_axes_.count(axis) ? "replicated over"
+                          : shard_axes_.count(axis) ? "an expert axis" : tensor_too ? "a tensor-parallel axis" : nullptr;
+      if (!other) continue;
+      SourceLoc there = axis == pp ? first_place_ : replicate_axes_.count(axis) ? replicate_axes_.at(axis)
+                        : shard_axes_.count(axis) ? shard_axes_.at(axis) : tensor_axes_.at(axis);
+      const char* what = model == &tensor_axes_ ? "tensor" : "context";
+      diags_.error(loc, fmt::format("'{}' is a {}-parallel axis here but {} too: give {} parallelism an axis "
+                                    "of its own", axis, what, other, what))
+          .note(there, "used here");
+    }
+  if (!tensor_axes_.empty() && !context_axes_.empty() && tensor_axes_.begin()->first != context_axes_.begin()->first)
+    diags_.error(context_axes_.begin()->second, "context and tensor parallelism in one strategy are not built yet")
+        .note(tensor_axes_.begin()->second, "tensor parallelism here");
   for (const auto& a : axes_)
     if (a.size > 1 && !used_axes_.count(a.name))
       diags_.error(a.loc, fmt::format("mesh axis '{}' (size {}) is not used by any place, replicate or shard",

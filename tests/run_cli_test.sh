@@ -60,6 +60,10 @@ fi
 expect 1 "a sequence of 15 tokens does not divide evenly" "sequence parallelism with an odd --seq-len" -- \
   timeout 60 mpirun -np 2 --oversubscribe "$run" "$tmp/m.pt" "$root/strategies/tp.piper" --set sp=true --seq-len 15 \
   --steps 1 --threads 1 -I "$root/strategies"
+# Context parallelism over cp=2 with a --seq-len that 2×cp does not divide: a clear error on both ranks.
+expect 1 "a sequence of 14 tokens does not divide evenly into 4 chunks" "context parallelism with a --seq-len 2×cp does not divide" -- \
+  timeout 60 mpirun -np 2 --oversubscribe "$run" "$tmp/m.pt" "$root/strategies/cp.piper" --seq-len 14 \
+  --steps 1 --threads 1 -I "$root/strategies"
 ls "$tmp" | grep -q tmp && { echo "FAIL: --profile left temporary files: $(ls "$tmp")"; fails=$((fails + 1)); }
 if ((fails)); then echo "run_cli_test: $fails failed"; exit 1; fi
 echo "run_cli_test: all passed"

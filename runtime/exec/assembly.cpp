@@ -25,6 +25,11 @@ void Executor::Impl::assemble_stages() {
     const int64_t tp_coord = f.tp.axis >= 0 ? plan.dag.facts.mesh.coord(view.rank, f.tp.axis) : 0;
     if (!sv.tp_group.empty())
       tensor_groups[stage] = TensorGroup{&comm, sv.tp_group, tensor_channel(stage), drop && std::string(drop) == "tensor"};
+    if (!sv.cp_group.empty()) {
+      context_groups[stage] = TensorGroup{&comm, sv.cp_group, context_channel(stage), drop && std::string(drop) == "context",
+                                          /*balanced=*/true};
+      context_rings.emplace(stage, GroupRing(context_groups.at(stage)));
+    }
     std::vector<torch::Tensor> dense, experts;
     StageParams::Names dense_names, expert_names;
     std::vector<size_t> copies;
@@ -83,16 +88,14 @@ void Executor::Impl::assemble_stages() {
             pm.attn = region(attn);
             pm.attn_sharded = std::count(seg.tp_regions.begin(), seg.tp_regions.end(), attn) > 0;
             pm.attn_sequence = std::count(seg.sequence_regions.begin(), seg.sequence_regions.end(), attn) > 0;
+            pm.attn_context = std::count(seg.context_regions.begin(), seg.context_regions.end(), attn) > 0;
             pm.router = region(child_of_kind(r, "router"));
           } else {
             sharded_modules(r, seg, pm);
           }
         }
       }
-      if (auto it = tensor_groups.find(stage); it != tensor_groups.end()) pm.tp = &it->second;
-      if ((std::find(pm.sharded.begin(), pm.sharded.end(), true) != pm.sharded.end() || pm.attn_sharded) && !pm.tp)
-        throw std::logic_error(fmt::format("stage {}: a sharded region without a tensor-parallel group", stage));
-      ps.push_back(std::move(pm));
+      ps.push_back(with_groups(stage, std::move(pm)));
     }
     for (const ir::ParamSlot& slot : f.dense) kept.insert(m.regions[static_cast<size_t>(slot.region)].name);
     pieces[stage] = std::move(ps);
@@ -107,6 +110,19 @@ void Executor::Impl::assemble_stages() {
       params[stage]->set_before_release([this](const torch::Tensor& t) { queues->used_by_current_stream(t); });
   }
   release_others(kept);
+}
+
+// The stage's tensor- and context-parallel groups, for the piece's regions that need them.
+PieceModules Executor::Impl::with_groups(int32_t stage, PieceModules pm) const {
+  if (auto it = tensor_groups.find(stage); it != tensor_groups.end()) pm.tp = &it->second;
+  if (auto it = context_rings.find(stage); it != context_rings.end()) pm.cp = &it->second;
+  const bool context = pm.attn_context || std::any_of(pm.context.begin(), pm.context.end(),
+                                                      [](PieceModules::Context c) { return c != PieceModules::kWhole; });
+  if (context && !pm.cp)
+    throw std::logic_error(fmt::format("stage {}: a context-parallel region without a context-parallel group", stage));
+  if ((std::find(pm.sharded.begin(), pm.sharded.end(), true) != pm.sharded.end() || pm.attn_sharded) && !pm.tp)
+    throw std::logic_error(fmt::format("stage {}: a sharded region without a tensor-parallel group", stage));
+  return pm;
 }
 
 // Weights of regions this rank does not hold are released: the archive is read whole (TorchScript
@@ -126,7 +142,7 @@ void Executor::Impl::tensor_parallel_params(int32_t stage, const ir::StageFacts&
   params[stage]->set_slices(std::move(slices));
   std::vector<ir::Range> shared = sequence_shared(f);
   if (shared.empty()) return;
-  const TensorGroup& tg = tensor_groups.at(stage);
+  const TensorGroup& tg = context_groups.count(stage) ? context_groups.at(stage) : tensor_groups.at(stage);
   const char* drop = std::getenv("PIPER_TEST_DROP_COLLECTIVE");
   const bool skip = drop && std::string(drop) == "sequence";  // the negative control of these sums
   params[stage]->set_sequence_shared(std::move(shared), [this, &tg, skip, stage](torch::Tensor& t) {
@@ -134,15 +150,18 @@ void Executor::Impl::tensor_parallel_params(int32_t stage, const ir::StageFacts&
   });
 }
 
-// Sequence parallelism: the layout ranges of the replicated (not sliced) parameters inside regions
-// that run on shares of the tokens, whose gradients each rank computed from its share only.
+// Sequence and context parallelism: the layout ranges of the replicated (not sliced) parameters
+// inside regions that run on shares of the tokens, whose gradients each rank computed from its share only.
 std::vector<ir::Range> Executor::Impl::sequence_shared(const ir::StageFacts& f) const {
   const Manifest& m = plan.manifest;
   std::vector<ir::Range> out;
+  auto under = [&](const std::vector<RegionId>& v, RegionId r) {
+    return std::any_of(v.begin(), v.end(), [&](RegionId q) { return m.is_ancestor(q, r); });
+  };
   for (const ir::ParamSlot& slot : f.dense) {
     if (slot.sliced) continue;
     for (const ir::Segment& seg : f.segments)
-      if (std::any_of(seg.sequence_regions.begin(), seg.sequence_regions.end(), [&](RegionId q) { return m.is_ancestor(q, slot.region); })) {
+      if (under(seg.sequence_regions, slot.region) || under(seg.context_regions, slot.region)) {
         out.push_back(ir::Range{slot.offset, slot.offset + slot.numel});
         break;
       }
@@ -155,12 +174,18 @@ std::vector<ir::Range> Executor::Impl::sequence_shared(const ir::StageFacts& f) 
 void Executor::Impl::sharded_modules(RegionId r, const ir::Segment& seg, PieceModules& pm) {
   auto& impl = model.impl();
   const Manifest& m = plan.manifest;
-  const bool sharded = std::count(seg.tp_regions.begin(), seg.tp_regions.end(), r) > 0;
-  const bool inside = std::any_of(seg.tp_regions.begin(), seg.tp_regions.end(), [&](RegionId q) { return m.is_ancestor(r, q); });
-  if (sharded || !inside) {
+  auto among = [&](const std::vector<RegionId>& v) { return std::count(v.begin(), v.end(), r) > 0; };
+  auto below = [&](const std::vector<RegionId>& v) {
+    return std::any_of(v.begin(), v.end(), [&](RegionId q) { return m.is_ancestor(r, q); });
+  };
+  const bool sharded = among(seg.tp_regions), context = among(seg.context_regions);
+  if (sharded || context || (!below(seg.tp_regions) && !below(seg.context_regions))) {
     pm.plain.push_back(impl.region(m.regions[static_cast<size_t>(r)].name));
     pm.sharded.push_back(sharded);
-    pm.sequence.push_back(std::count(seg.sequence_regions.begin(), seg.sequence_regions.end(), r) > 0);
+    pm.sequence.push_back(among(seg.sequence_regions));
+    pm.context.push_back(!context ? PieceModules::kWhole
+                         : m.regions[static_cast<size_t>(r)].cp == "attention" ? PieceModules::kRing
+                                                                                : PieceModules::kTokenwise);
     return;
   }
   for (RegionId c : m.regions[static_cast<size_t>(r)].children) sharded_modules(c, seg, pm);

@@ -22,27 +22,36 @@ std::vector<torch::Tensor> compute(const PieceModules& m, const std::vector<torc
     return {y};
   }
   torch::Tensor x = in.at(0);
-  // Sequence parallelism: x is this rank's share of the tokens from the first such region on, and
-  // whole again before any other region and at the piece's end (what it hands on and the loss read).
-  bool share = false;
-  auto to_share = [&](bool want) {
-    if (want != share) x = want ? scatter_sequence(x, *m.tp) : gather_sequence(x, *m.tp);
+  // Sequence and context parallelism: x is this rank's share of the tokens (in the group `share`
+  // cuts them over) from the first such region on, and whole again before any other region and at
+  // the piece's end (what it hands on and the loss read).
+  const TensorGroup* share = nullptr;
+  auto to_share = [&](const TensorGroup* want) {
+    if (want == share) return;
+    if (share) x = gather_sequence(x, *share);
+    if (want) x = scatter_sequence(x, *want);
     share = want;
   };
   for (size_t i = 0; i < m.plain.size(); ++i) {
     const bool sharded = i < m.sharded.size() && m.sharded[i], seq = i < m.sequence.size() && m.sequence[i];
-    to_share(seq);
-    x = sharded ? run_sharded(m.plain[i], x, *m.tp, seq) : const_cast<torch::jit::Module&>(m.plain[i]).forward({x}).toTensor();
+    const auto context = i < m.context.size() ? m.context[i] : PieceModules::kWhole;
+    to_share(seq ? m.tp : context != PieceModules::kWhole ? &m.cp->group() : nullptr);
+    auto& module = const_cast<torch::jit::Module&>(m.plain[i]);
+    x = sharded                            ? run_sharded(module, x, *m.tp, seq)
+        : context == PieceModules::kRing ? run_ring_region(module, x, *m.cp)
+                                           : module.forward({x}).toTensor();
   }
   if (m.moe_end) {
-    to_share(m.attn_sequence);
-    torch::Tensor a = m.attn_sharded ? run_sharded(m.attn, x, *m.tp, m.attn_sequence)
-                                     : const_cast<torch::jit::Module&>(m.attn).forward({x}).toTensor();
-    if (share) a = gather_sequence(a, *m.tp);
+    to_share(m.attn_sequence ? m.tp : m.attn_context ? &m.cp->group() : nullptr);
+    auto& attn = const_cast<torch::jit::Module&>(m.attn);
+    torch::Tensor a = m.attn_sharded   ? run_sharded(attn, x, *m.tp, m.attn_sequence)
+                      : m.attn_context ? run_ring_region(attn, x, *m.cp)
+                                       : attn.forward({x}).toTensor();
+    if (share) a = gather_sequence(a, *share);
     auto hg = const_cast<torch::jit::Module&>(m.router).forward({a}).toTuple();
     return {a, hg->elements()[0].toTensor(), hg->elements()[1].toTensor()};
   }
-  to_share(false);
+  to_share(nullptr);
   if (loss) return {loss(x)};
   return {x};
 }

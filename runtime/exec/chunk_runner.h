@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "runtime/exec/context_parallel.h"
 #include "runtime/exec/tensor_parallel.h"
 #include "runtime/model/backward_split.h"
 
@@ -24,7 +25,13 @@ struct PieceModules {
   // the activation between two of them stays this rank's share of the tokens.
   std::vector<bool> sequence;
   bool attn_sequence = false;
+  bool attn_context = false;  // the block's attention by ring attention (context parallelism)
   const TensorGroup* tp = nullptr;
+  // Context parallelism, per module of `plain`: whether it runs on this rank's (balanced) share of
+  // the tokens with `cp`, as is (kTokenwise) or by ring attention (kRing, context_parallel.h).
+  enum Context : uint8_t { kWhole = 0, kTokenwise = 1, kRing = 2 };
+  std::vector<Context> context;
+  const GroupRing* cp = nullptr;
   // Dense, ending with a block whose experts are the next piece: it stops after the block's
   // attention and router (the zoo's MoE contract, docs/models.md) and outputs {attention, h, gates}.
   bool moe_end = false;

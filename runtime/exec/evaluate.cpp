@@ -36,7 +36,7 @@ void Executor::Impl::prepare_evaluation() {
     plain_interpreter();
   });
   eval_threads->set_op_timeout(opt.op_timeout);
-  eval_threads->set_in_order(queues != nullptr || !tensor_groups.empty());  // as the step's (executor.cpp)
+  eval_threads->set_in_order(queues != nullptr || !tensor_groups.empty() || !context_groups.empty());  // as the step's (executor.cpp)
 }
 
 double Executor::Impl::evaluate(const TokenData& val, int64_t batches) {

@@ -73,7 +73,7 @@ void Executor::Impl::setup() {
   threads->set_describe([this, hosts](ir::NodeId v) { return describe_peers(v, hosts); });
   // Tensor-parallel pieces sum partials with their peers in program order: inside an overlap window
   // too (the first ready would differ between the peers).
-  threads->set_in_order(queues != nullptr || !tensor_groups.empty());
+  threads->set_in_order(queues != nullptr || !tensor_groups.empty() || !context_groups.empty());
   // This thread filled the flat buffers on its own stream; the op streams do not wait for it.
   if (queues) queues->synchronize_current();
   fault = parse_fault(std::getenv("PIPER_FAULT"));

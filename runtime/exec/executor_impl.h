@@ -41,6 +41,8 @@ struct Executor::Impl {
   int64_t seq = 0, model_seq = 0;  // tokens per sample, run and as the model was made
   std::map<int32_t, std::unique_ptr<StageParams>> params;  // per held stage
   std::map<int32_t, std::vector<PieceModules>> pieces;     // per held stage, per segment
+  std::map<int32_t, TensorGroup> context_groups;           // per held stage with context parallelism
+  std::map<int32_t, GroupRing> context_rings;              // their rings (ring attention), over context_groups
   std::map<int32_t, TensorGroup> tensor_groups;            // per held stage with tensor parallelism
   std::vector<std::vector<ir::NodeId>> data_preds;         // per node: its data predecessors on this rank
   std::vector<int> consumers;                              // per node: its data successors on this rank
@@ -89,6 +91,7 @@ struct Executor::Impl {
   void assemble_stages();
   void index_dataflow();
   void sharded_modules(RegionId r, const ir::Segment& seg, PieceModules& pm);
+  PieceModules with_groups(int32_t stage, PieceModules pm) const;
   std::vector<ir::Range> sequence_shared(const ir::StageFacts& f) const;
   void tensor_parallel_params(int32_t stage, const ir::StageFacts& f, std::vector<SliceOf> slices);
   void release_others(const std::set<std::string>& kept);

@@ -19,18 +19,31 @@ void sum_over(torch::Tensor& t, const TensorGroup& g) {
   t.copy_(f);
 }
 
-const TensorGroup& group_of(int64_t handle) { return *reinterpret_cast<const TensorGroup*>(handle); }
-
 // Sequence parallelism's data movement, along dimension 1 (activations are [samples, sequence, ...]).
 // The collectives cut flat buffers into equal parts, so the sequence goes first while they run.
-int64_t member(const TensorGroup& g) {
-  return std::find(g.group.begin(), g.group.end(), g.comm->rank()) - g.group.begin();
+
+// A balanced group's order of the sequence, in which each member's share is contiguous: chunks
+// 0, 2k-1, 1, 2k-2, ... of 2k (`back`: that order undone).
+torch::Tensor balance(const torch::Tensor& x, const TensorGroup& g, bool back = false) {
+  if (!g.balanced || g.group.size() < 2) return x;
+  const int64_t k = ways(g);
+  std::vector<torch::Tensor> c = x.chunk(2 * k, 1), out(c.size());
+  for (int64_t j = 0; j < k; ++j) {
+    const size_t lo = static_cast<size_t>(j), hi = static_cast<size_t>(2 * k - 1 - j);
+    if (back) {
+      out[lo] = c[2 * lo];
+      out[hi] = c[2 * lo + 1];
+    } else {
+      out[2 * lo] = c[lo];
+      out[2 * lo + 1] = c[hi];
+    }
+  }
+  return torch::cat(out, 1);
 }
-int64_t ways(const TensorGroup& g) { return std::max<int64_t>(1, static_cast<int64_t>(g.group.size())); }
 
 // This rank's share of x along the sequence.
 torch::Tensor my_share(const torch::Tensor& x, const TensorGroup& g) {
-  return x.chunk(ways(g), 1)[static_cast<size_t>(member(g))].contiguous();
+  return balance(x, g).chunk(ways(g), 1)[static_cast<size_t>(member(g))].contiguous();
 }
 
 // Every member's share of the sequence, concatenated: [samples, sequence / k, ...] -> [samples, sequence, ...].
@@ -43,7 +56,7 @@ torch::Tensor all_gather_sequence(const torch::Tensor& x, const TensorGroup& g) 
   std::vector<size_t> offsets;
   for (int64_t j = 0; j <= ways(g); ++j) offsets.push_back(static_cast<size_t>(j * in.numel()));
   g.comm->all_gather(in.data_ptr<float>(), out.data_ptr<float>(), offsets, g.group, g.channel);
-  return out.to(x.scalar_type()).transpose(0, 1).contiguous();
+  return balance(out.to(x.scalar_type()).transpose(0, 1), g, /*back=*/true).contiguous();
 }
 
 // The members' partials summed, this rank keeping its share of the sequence (`drop`: its share of
@@ -51,7 +64,7 @@ torch::Tensor all_gather_sequence(const torch::Tensor& x, const TensorGroup& g) 
 torch::Tensor reduce_scatter_sequence(const torch::Tensor& x, const TensorGroup& g) {
   if (g.group.size() < 2) return x;
   if (g.drop) return my_share(x, g);
-  torch::Tensor in = x.transpose(0, 1).to(torch::kFloat).contiguous();
+  torch::Tensor in = balance(x, g).transpose(0, 1).to(torch::kFloat).contiguous();
   std::vector<int64_t> shape = in.sizes().vec();
   shape[0] /= ways(g);
   torch::Tensor out = torch::empty(shape, in.options());
@@ -105,6 +118,11 @@ struct ReduceBackward : torch::autograd::Function<ReduceBackward> {
 };
 }  // namespace
 
+int64_t member(const TensorGroup& g) {
+  return std::find(g.group.begin(), g.group.end(), g.comm->rank()) - g.group.begin();
+}
+int64_t ways(const TensorGroup& g) { return std::max<int64_t>(1, static_cast<int64_t>(g.group.size())); }
+
 torch::Tensor run_sharded(const torch::jit::Module& region, const torch::Tensor& x, const TensorGroup& g, bool sequence) {
   auto& m = const_cast<torch::jit::Module&>(region);
   const int64_t handle = reinterpret_cast<int64_t>(&g);
@@ -125,10 +143,12 @@ torch::Tensor run_sharded(const torch::jit::Module& region, const torch::Tensor&
 
 torch::Tensor scatter_sequence(const torch::Tensor& x, const TensorGroup& g) {
   // The checker checked the model's sequence; a shorter --seq-len must divide as well.
-  if (x.dim() < 2 || x.size(1) % ways(g) != 0)
-    throw std::runtime_error(fmt::format("sequence parallelism over {} ranks: a sequence of {} tokens does not divide evenly "
-                                         "(choose a --seq-len that tp divides)",
-                                         ways(g), x.dim() < 2 ? 0 : x.size(1)));
+  const int64_t chunks = g.balanced ? 2 * ways(g) : ways(g);
+  if (x.dim() < 2 || x.size(1) % chunks != 0)
+    throw std::runtime_error(fmt::format("{} parallelism over {} ranks: a sequence of {} tokens does not divide evenly "
+                                         "into {} chunks (choose a --seq-len that {} divides)",
+                                         g.balanced ? "context" : "sequence", ways(g), x.dim() < 2 ? 0 : x.size(1), chunks,
+                                         g.balanced ? "2×cp" : "tp"));
   return ScatterSequence::apply(x, reinterpret_cast<int64_t>(&g));
 }
 

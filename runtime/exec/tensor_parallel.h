@@ -20,6 +20,9 @@ struct TensorGroup {
   std::vector<int> group;
   int channel = 0;
   bool drop = false;
+  // Context parallelism's load balancing: member j's share of a sequence is chunks j and 2k-1-j of
+  // 2k (k members), so that each does as much of the causal attention; otherwise chunk j of k.
+  bool balanced = false;
 };
 
 // The region by the contract (docs/models.md): h = tp_enter(x) replicated; f(h) (identity forward,
@@ -37,5 +40,12 @@ torch::Tensor run_sharded(const torch::jit::Module& region, const torch::Tensor&
 // gradient, which every member computed alike from the same whole).
 torch::Tensor scatter_sequence(const torch::Tensor& x, const TensorGroup& g);
 torch::Tensor gather_sequence(const torch::Tensor& x, const TensorGroup& g);
+
+// The group of a pointer handed through an autograd function (they take integers, not references).
+inline const TensorGroup& group_of(int64_t handle) { return *reinterpret_cast<const TensorGroup*>(handle); }
+inline int64_t handle_of(const TensorGroup& g) { return reinterpret_cast<int64_t>(&g); }
+// This rank's place in the group and the group's size.
+int64_t member(const TensorGroup& g);
+int64_t ways(const TensorGroup& g);
 
 }  // namespace piper::runtime

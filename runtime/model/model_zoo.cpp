@@ -56,7 +56,7 @@ std::string manifest_json(const ModelConfig& c) {
                        {"params", {param("ln_1_weight", {d}), param("ln_1_bias", {d}), sharded(param("c_attn_weight", {3 * d, d}), 0, 3),
                                    sharded(param("c_attn_bias", {3 * d}), 0, 3), sharded(param("c_proj_weight", {d, d}), 1),
                                    param("c_proj_bias", {d})}},
-                       {"tp", {{"dim", "heads"}, {"count", c.heads}}},
+                       {"tp", {{"dim", "heads"}, {"count", c.heads}}}, {"cp", "attention"},
                        {"input", act({c.seq, d})}, {"output", act({c.seq, d})},
                        {"flops", linear_flops(t, d, 3 * d) + linear_flops(t, d, d) + 4 * t * t * d}});
     if (c.arch == "gpt") {
@@ -64,7 +64,7 @@ std::string manifest_json(const ModelConfig& c) {
                          {"params", {param("ln_2_weight", {d}), param("ln_2_bias", {d}), sharded(param("c_fc_weight", {c.ffn, d}), 0),
                                      sharded(param("c_fc_bias", {c.ffn}), 0), sharded(param("c_proj_weight", {d, c.ffn}), 1),
                                      param("c_proj_bias", {d})}},
-                         {"tp", {{"dim", "hidden"}, {"count", c.ffn}}},
+                         {"tp", {{"dim", "hidden"}, {"count", c.ffn}}}, {"cp", "tokenwise"},
                          {"input", act({c.seq, d})}, {"output", act({c.seq, d})},
                          {"flops", linear_flops(t, d, c.ffn) + linear_flops(t, c.ffn, d)}});
     } else {
@@ -123,6 +123,8 @@ void add_params(Module& m, const std::vector<std::pair<std::string, torch::Tenso
   for (const auto& [name, t] : params) m.register_parameter(name, t.detach().requires_grad_(true), false);
 }
 
+// The context-parallel contract (docs/models.md): cp_qkv, the heads' scaled queries, keys and values
+// of the tokens given; cp_exit, the residual plus the projection of their attention's output.
 // The tensor-parallel contract (docs/models.md): a replicated entry (the norm), a part that runs on
 // this rank's heads alone and returns its partial projection (no bias), and the exit that adds the
 // reduced partials, the bias and the residual. Head counts come from the weights' shapes, so the
@@ -152,6 +154,21 @@ def tp_partial(self, h):
 
 def tp_exit(self, x, s):
     return x + (s + self.c_proj_bias)
+
+def cp_qkv(self, x):
+    h = self.tp_enter(x)
+    B = h.size(0)
+    T = h.size(1)
+    C = self.c_attn_weight.size(0) // 3
+    q, k, v = torch.linear(h, self.c_attn_weight, self.c_attn_bias).split(C, 2)
+    hd = self.head_dim
+    q = q.view(B, T, -1, hd).transpose(1, 2) * self.scale
+    return q, k.view(B, T, -1, hd).transpose(1, 2), v.view(B, T, -1, hd).transpose(1, 2)
+
+def cp_exit(self, x, y):
+    B = y.size(0)
+    T = y.size(2)
+    return x + torch.linear(y.transpose(1, 2).contiguous().view(B, T, -1), self.c_proj_weight, self.c_proj_bias)
 
 def forward(self, x):
     return x + torch.linear(self.heads(self.tp_enter(x)), self.c_proj_weight, self.c_proj_bias)

@@ -43,6 +43,14 @@ void tensor_group(const Mesh& mesh, int rank, RankView& v, StageView& sv) {
   if (std::any_of(segs.begin(), segs.end(), [](const ir::Segment& s) { return !s.sequence_regions.empty(); }))
     v.groups.insert({sv.tp_group, sequence_channel(sv.stage)});
 }
+// Context parallelism: the stage's group along its cp axis; its exchanges, and the sums of the
+// gradients its ranks computed from their shares (on sequence_channel: a strategy has tp or cp).
+void context_group(const Mesh& mesh, int rank, RankView& v, StageView& sv) {
+  if (sv.facts->cp.axis < 0 || sv.facts->cp.ways <= 1) return;
+  for (int32_t r : mesh.group_along(rank, sv.facts->cp.axis)) sv.cp_group.push_back(r);
+  v.groups.insert({sv.cp_group, context_channel(sv.stage)});
+  v.groups.insert({sv.cp_group, sequence_channel(sv.stage)});
+}
 
 // `on stream comm sms N` (facts.stream_sms): the group and channel of each collective this rank runs on
 // a limited stream get that limit (the smallest, when streams with different limits share one).
@@ -144,6 +152,7 @@ RankView make_rank_view(const sched::Plan& p, int rank, int world, int max_tag) 
       sv.experts[e.segment] = std::move(ex);
     }
     tensor_group(f.mesh, rank, v, sv);
+    context_group(f.mesh, rank, v, sv);
     v.stages.emplace(x.stage, std::move(sv));
   }
   expert_groups(p, v);

@@ -20,6 +20,8 @@ enum Channel : int { kReplicaChannel = 1, kRuntimeChannel = 2, kHashChannel = 3,
 inline int tensor_channel(int32_t stage) { return kTensorChannel + 16 * (stage + 1); }
 // Sequence parallelism's sums of a stage's partial parameter gradients (once a step, off the compute order).
 inline int sequence_channel(int32_t stage) { return kTensorChannel + 1 + 16 * (stage + 1); }
+// Context parallelism's ring exchanges and gathers of a stage, in its program order, as tensor_channel's.
+inline int context_channel(int32_t stage) { return kTensorChannel + 2 + 16 * (stage + 1); }
 // Expert all-to-alls run in each stream's program order; a channel per stream keeps two streams'
 // exchanges (`order fwd(i) on stream a2a_f; order bwd(i) on stream a2a_b;`) from crossing.
 inline int expert_channel(ir::StreamId stream) { return kExpertChannel + 16 * (stream + 1); }
@@ -51,6 +53,7 @@ struct StageView {
   // Tensor parallelism: the ranks that hold the other slices of this stage's sharded regions (this
   // rank included, in axis order); empty when the stage has none.
   std::vector<int> tp_group;
+  std::vector<int> cp_group;  // context parallelism: the stage's group along its cp axis (empty: none)
   bool tp_leader = true;  // RankView::tp_leader
 };
 
