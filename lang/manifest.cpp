@@ -189,7 +189,7 @@ class Loader {
       r.flops = static_cast<int64_t>(j["flops"].get<double>());
     }
     for (auto [field, slot] : {std::pair{"memory", &r.memory}, std::pair{"memory_bf16", &r.memory_bf16},
-                               std::pair{"memory_tp2", &r.memory_tp2}}) {
+                               std::pair{"memory_tp2", &r.memory_tp2}, std::pair{"memory_cp2", &r.memory_cp2}}) {
       if (!j.contains(field)) continue;
       const json& mem = j[field];
       RegionMemory rm;

@@ -100,6 +100,7 @@ struct Region {
   // A region with a tp layout, measured on one rank's slice of two (fp32): with `memory`, what its
   // replicated and its sharded parts hold, so any tp is priced (scheduler/memory.cpp).
   std::optional<RegionMemory> memory_tp2;
+  std::optional<RegionMemory> memory_cp2;  // ring attention on one rank of a context-parallel group of two
 };
 
 // One parameter tensor shared by several regions (tied weights: an embedding and the output head).

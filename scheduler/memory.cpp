@@ -116,6 +116,35 @@ RegionBytes tp_region_bytes(const Manifest& m, RegionId r, int64_t samples, bool
   return b;
 }
 
+// Region `r` on one rank of a context-parallel group of `ways`: each region inside it that runs on
+// a share of the tokens (in `context`) holds 1/ways of its activations — token-wise ones exactly;
+// ring attention as measured on one rank of two (manifest `memory_cp2`, no scores kept), times
+// 2/ways; unmeasured, its whole / ways.
+RegionBytes cp_region_bytes(const Manifest& m, RegionId r, int64_t samples, bool bf16, const std::vector<RegionId>& context,
+                            int64_t ways) {
+  RegionBytes b = region_bytes(m, r, samples, bf16);
+  if (ways <= 1) return b;
+  const double t = static_cast<double>(ways);
+  for (RegionId q : context) {
+    if (!m.is_ancestor(r, q)) continue;
+    const RegionBytes whole = region_bytes(m, q, samples, bf16);
+    const auto& two = m.regions[static_cast<size_t>(q)].memory_cp2;
+    auto at = [&](int64_t w, const Measured* m2) {
+      if (!m2) return static_cast<int64_t>(static_cast<double>(w) / t);
+      return static_cast<int64_t>(static_cast<double>(m2->at(samples)) * (bf16 ? 0.5 : 1.0) * 2.0 / t);
+    };
+    const Measured* split = two && two->split_held ? &*two->split_held : two ? &two->saved : nullptr;
+    const RegionBytes mine{at(whole.saved, two ? &two->saved : nullptr), at(whole.forward_peak, two ? &two->forward_peak : nullptr),
+                           at(whole.backward_peak, two ? &two->backward_peak : nullptr), whole.output,
+                           at(whole.split_held, split)};
+    b.saved -= whole.saved - mine.saved;
+    b.forward_peak -= whole.forward_peak - mine.forward_peak;
+    b.backward_peak -= whole.backward_peak - mine.backward_peak;
+    b.split_held -= whole.split_held - mine.split_held;
+  }
+  return b;
+}
+
 PieceMemory compose(const std::vector<RegionBytes>& rs, int64_t input) {
   PieceMemory p;
   p.input = input;
@@ -242,6 +271,12 @@ class ClassModel {
     const size_t j = static_cast<size_t>(x.segment < 0 ? 0 : x.segment);
     return j + 1 < segs.size() && segs[j + 1].sharded >= 0;
   }
+  // A region of a piece on this rank: its tensor-parallel slices, or its context-parallel share.
+  RegionBytes split_region_bytes(const Node& x, const ir::Segment& seg, RegionId r) const {
+    const ir::StageFacts& st = g_.stage(x.stage);
+    if (!seg.context_regions.empty()) return cp_region_bytes(m_, r, S_, bf16(x), seg.context_regions, st.cp.ways);
+    return tp_region_bytes(m_, r, S_, bf16(x), seg.tp_regions, st.tp.ways, seg.sequence_regions);
+  }
   int64_t expert_ways(const Node& x) const {
     for (const auto& e : g_.stage(x.stage).experts)
       if (e.segment == (x.segment < 0 ? 0 : x.segment)) return e.ways;
@@ -281,10 +316,9 @@ class ClassModel {
         const RegionId r = seg.regions[k2];
         if (k2 + 1 == seg.regions.size() && moe_end(x)) {  // the block runs its attention and router only
           for (const char* kind : {"attention", "router"})
-            if (RegionId c = child_of_kind(m_, r, kind); c >= 0)
-              rs.push_back(tp_region_bytes(m_, c, S_, bf16(x), seg.tp_regions, g_.stage(x.stage).tp.ways, seg.sequence_regions));
+            if (RegionId c = child_of_kind(m_, r, kind); c >= 0) rs.push_back(split_region_bytes(x, seg, c));
         } else {
-          rs.push_back(tp_region_bytes(m_, r, S_, bf16(x), seg.tp_regions, g_.stage(x.stage).tp.ways, seg.sequence_regions));
+          rs.push_back(split_region_bytes(x, seg, r));
         }
       }
       const RegionId first = seg.regions.empty() ? -1 : seg.regions.front();

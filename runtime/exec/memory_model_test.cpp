@@ -95,6 +95,10 @@ TEST_CASE("the memory model predicts every rank's measured peak within 10%, for 
       // And with sequence parallelism: the replicated parts on half the tokens.
       {"tp.piper", 2, {"tp=2", "sp=true"}},
       {"1f1b_tp.piper", 4, {"pp=2", "tp=2", "mb=4", "sp=true"}},
+      // Context parallelism: the blocks on half the tokens, ring attention keeping no scores.
+      {"cp.piper", 2, {"cp=2"}},
+      {"cp.piper", 4, {"cp=4"}},
+      {"../tests/strategies/1f1b_cp.piper", 4, {"pp=2", "cp=2", "mb=4"}},
   };
   const char* only = std::getenv("PIPER_MEMORY_CASE");  // run one case (debugging)
   for (const Case& c : cases) {

@@ -4,6 +4,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -11,6 +12,7 @@
 #include "runtime/device/memory_counter.h"
 #include "runtime/model/region_model.h"
 #include "runtime/model/region_model_impl.h"
+#include "runtime/model/ring_attention.h"
 #include "runtime/model/tensor_slice.h"
 
 namespace piper::runtime {
@@ -35,7 +37,9 @@ std::vector<torch::Tensor> tensors_of(const c10::IValue& v) {
 
 // One forward and backward of `m` on `b` samples, as the executor runs a piece: parameter
 // gradients already exist (they are views into flat buffers there), so accumulation allocates nothing.
-Sample measure_once(torch::jit::Module& m, const json& input, bool loss, int64_t b, int64_t vocab, torch::ScalarType dtype) {
+using Runner = std::function<c10::IValue(const torch::Tensor&)>;
+
+Sample measure_once(const Runner& run, const json& input, bool loss, int64_t b, int64_t vocab, torch::ScalarType dtype) {
   std::vector<int64_t> shape{b};
   for (const auto& d : input["shape"]) shape.push_back(d.get<int64_t>());
   const bool tokens = input.value("dtype", "float32") == "int64";
@@ -45,7 +49,7 @@ Sample measure_once(torch::jit::Module& m, const json& input, bool loss, int64_t
   Sample s;
   reset_memory_peak(kMeasureRank);
   const int64_t before = memory_stats(kMeasureRank).live;
-  std::vector<torch::Tensor> outs = tensors_of(m.forward({x}));
+  std::vector<torch::Tensor> outs = tensors_of(run(x));
   if (loss) {
     const torch::Tensor logits = outs.at(0).to(torch::kFloat);  // the loss in fp32, as the executor does
     outs = {at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}))};
@@ -70,7 +74,7 @@ Sample measure_once(torch::jit::Module& m, const json& input, bool loss, int64_t
   // the gradients flowing in and out (the memory model counts those as the pieces' values).
   x.mutable_grad() = torch::Tensor();
   const int64_t start = memory_stats(kMeasureRank).live;
-  outs = tensors_of(m.forward({x}));
+  outs = tensors_of(run(x));
   if (loss) {
     const torch::Tensor logits = outs.at(0).to(torch::kFloat);
     outs = {at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}))};
@@ -112,8 +116,21 @@ torch::jit::Module sliced(const torch::jit::Module& region, const json& r, int64
   return m;
 }
 
-// `tp_ways` > 1: only regions with a tp layout, each on its slice (what one rank of them holds).
-std::map<std::string, json> measure(RegionModel& model, json& j, torch::ScalarType dtype, int64_t tp_ways = 1) {
+// Stands in for member 0 of a ring of two: the "previous member's" keys are a copy of its own (the
+// same bytes a receive allocates; the values do not matter to memory).
+class ProbeRing : public RingLink {
+ public:
+  int64_t ways() const override { return 2; }
+  int64_t member() const override { return 0; }
+  torch::Tensor shift(const torch::Tensor& t) const override { return t.clone(); }
+};
+
+// How the probe runs a region: whole, on a tensor-parallel slice of two, or as one rank of a
+// context-parallel ring of two (attention regions only, on half the tokens).
+enum class Probe { kWhole, kTp2, kCp2 };
+
+// `probe` other than kWhole: only the regions it applies to (what one rank of two holds).
+std::map<std::string, json> measure(RegionModel& model, json& j, torch::ScalarType dtype, Probe probe = Probe::kWhole) {
   install_memory_counter();
   const int saved_rank = memory_rank();
   const int threads = torch::get_num_threads();
@@ -127,14 +144,15 @@ std::map<std::string, json> measure(RegionModel& model, json& j, torch::ScalarTy
     if (!r.contains("input") || !r.contains("name")) continue;
     const std::string name = r["name"].get<std::string>();
     const std::string sig = signature(j, r);
-    if (facts.count(sig) || (tp_ways > 1 && !r.contains("tp"))) continue;
+    if (facts.count(sig) || (probe == Probe::kTp2 && !r.contains("tp")) || (probe == Probe::kCp2 && r.value("cp", "") != "attention"))
+      continue;
     torch::jit::Module m;
     try {
       m = model.impl().region(name);
     } catch (const std::exception&) {
       continue;  // a region without a module of its own (a group) is not run alone
     }
-    if (tp_ways > 1) m = sliced(m, r, tp_ways);
+    if (probe == Probe::kTp2) m = sliced(m, r, 2);
     if (dtype != torch::kFloat) m.to(dtype);
     for (auto p : m.parameters()) {  // as in the executor: gradients exist before the backward
       p.set_requires_grad(true);
@@ -142,8 +160,15 @@ std::map<std::string, json> measure(RegionModel& model, json& j, torch::ScalarTy
     }
     json saved = json::array(), fwd = json::array(), bwd = json::array(), held = json::array();
     try {
+      const ProbeRing ring;
+      json input = r["input"];
+      if (probe == Probe::kCp2) input["shape"][0] = input["shape"][0].get<int64_t>() / 2;
+      const Runner run = [&](const torch::Tensor& x) -> c10::IValue {
+        if (probe == Probe::kCp2) return run_ring_region(m, x, ring);
+        return m.forward({x});
+      };
       for (int64_t b : {1, 2, 4}) {
-        Sample s = measure_once(m, r["input"], name == last, b, vocab, dtype);
+        Sample s = measure_once(run, input, name == last, b, vocab, dtype);
         saved.push_back(s.saved);
         fwd.push_back(s.forward_peak);
         bwd.push_back(s.backward_peak);
@@ -171,8 +196,8 @@ json fill_memory(json j, const std::map<std::string, json>& facts, const char* f
   return j;
 }
 
-// Both precisions, each on a model loaded afresh (measuring bf16 converts the modules), and the
-// tensor-parallel regions on a slice of two.
+// Both precisions, each on a model loaded afresh (measuring bf16 converts the modules), the
+// tensor-parallel regions on a slice of two, and ring attention as one rank of two.
 json measure_both(const std::string& probe, json target) {
   for (auto [dtype, field] : {std::pair{torch::kFloat, "memory"}, std::pair{torch::kBFloat16, "memory_bf16"}}) {
     RegionModel model(probe);
@@ -181,7 +206,10 @@ json measure_both(const std::string& probe, json target) {
   }
   RegionModel model(probe);
   json p = json::parse(model.manifest_json());
-  return fill_memory(std::move(target), measure(model, p, torch::kFloat, 2), "memory_tp2");
+  target = fill_memory(std::move(target), measure(model, p, torch::kFloat, Probe::kTp2), "memory_tp2");
+  RegionModel ring_model(probe);
+  json q = json::parse(ring_model.manifest_json());
+  return fill_memory(std::move(target), measure(ring_model, q, torch::kFloat, Probe::kCp2), "memory_cp2");
 }
 }  // namespace
 
