@@ -81,6 +81,24 @@ RegionBytes region_bytes(const Manifest& m, RegionId r, int64_t samples, bool bf
   return {held, held, out, out, held};
 }
 
+// A part of a region as one rank holds it: each figure of `whole` mapped by `at` (whole's figure,
+// the probe's measurement of it or null).
+template <typename At>
+RegionBytes part_bytes(const RegionBytes& whole, const std::optional<RegionMemory>& probe, const At& at) {
+  const RegionMemory* p = probe ? &*probe : nullptr;
+  const Measured* split = p && p->split_held ? &*p->split_held : p ? &p->saved : nullptr;
+  return {at(whole.saved, p ? &p->saved : nullptr), at(whole.forward_peak, p ? &p->forward_peak : nullptr),
+          at(whole.backward_peak, p ? &p->backward_peak : nullptr), whole.output, at(whole.split_held, split)};
+}
+
+// `b` with its part `whole` replaced by what one rank holds of it.
+void replace_part(RegionBytes& b, const RegionBytes& whole, const RegionBytes& mine) {
+  b.saved -= whole.saved - mine.saved;
+  b.forward_peak -= whole.forward_peak - mine.forward_peak;
+  b.backward_peak -= whole.backward_peak - mine.backward_peak;
+  b.split_held -= whole.split_held - mine.split_held;
+}
+
 // Region `r` on one rank of a tensor-parallel group of `ways`: each sharded region inside it (in
 // `sharded`) holds its replicated part R and its sharded part S / ways, R and S solved from its
 // measurements whole (R + S) and on a slice of two (R + S/2); unmeasured on a slice, all of it shards.
@@ -104,14 +122,7 @@ RegionBytes tp_region_bytes(const Manifest& m, RegionId r, int64_t samples, bool
       if (seq) rep = std::min(std::max(0.0, rep), gathered) + std::max(0.0, rep - gathered) / t;
       return std::max<int64_t>(0, static_cast<int64_t>(rep + 2 * (w - h) / t));
     };
-    const Measured* split = half && half->split_held ? &*half->split_held : half ? &half->saved : nullptr;
-    const RegionBytes mine{at(whole.saved, half ? &half->saved : nullptr), at(whole.forward_peak, half ? &half->forward_peak : nullptr),
-                           at(whole.backward_peak, half ? &half->backward_peak : nullptr), whole.output,
-                           at(whole.split_held, split)};
-    b.saved -= whole.saved - mine.saved;
-    b.forward_peak -= whole.forward_peak - mine.forward_peak;
-    b.backward_peak -= whole.backward_peak - mine.backward_peak;
-    b.split_held -= whole.split_held - mine.split_held;
+    replace_part(b, whole, part_bytes(whole, half, at));
   }
   return b;
 }
@@ -133,14 +144,7 @@ RegionBytes cp_region_bytes(const Manifest& m, RegionId r, int64_t samples, bool
       if (!m2) return static_cast<int64_t>(static_cast<double>(w) / t);
       return static_cast<int64_t>(static_cast<double>(m2->at(samples)) * (bf16 ? 0.5 : 1.0) * 2.0 / t);
     };
-    const Measured* split = two && two->split_held ? &*two->split_held : two ? &two->saved : nullptr;
-    const RegionBytes mine{at(whole.saved, two ? &two->saved : nullptr), at(whole.forward_peak, two ? &two->forward_peak : nullptr),
-                           at(whole.backward_peak, two ? &two->backward_peak : nullptr), whole.output,
-                           at(whole.split_held, split)};
-    b.saved -= whole.saved - mine.saved;
-    b.forward_peak -= whole.forward_peak - mine.forward_peak;
-    b.backward_peak -= whole.backward_peak - mine.backward_peak;
-    b.split_held -= whole.split_held - mine.split_held;
+    replace_part(b, whole, part_bytes(whole, two, at));
   }
   return b;
 }
