@@ -305,9 +305,12 @@ void mark_context_parallel(const LowerContext& c, StageFacts& st) {
           seg.context_regions.push_back(q);
           seg.flops -= c.manifest.flops(q) - c.manifest.flops(q) / ways;
           const Region& reg = c.manifest.regions[static_cast<size_t>(q)];
-          if (reg.cp != "attention" || !reg.output) continue;
+          if (!reg.output) continue;
           int64_t b = dtype_bytes(reg.output->dtype);
           for (int64_t x : reg.output->shape) b *= x;
+          seg.cp_gather_bytes = b;
+          if (reg.cp != "attention") continue;
+          seg.cp_rings += 1;
           seg.cp_kv_bytes += 2 * b;  // keys and values are each as wide as the output (the zoo's heads)
         }
   }

@@ -62,6 +62,8 @@ struct Segment {
   // values those attentions exchange (the whole sequence's: each rank sends its share cp-1 times).
   std::vector<RegionId> context_regions;
   int64_t cp_kv_bytes = 0;
+  int32_t cp_rings = 0;         // how many of them are attentions (each a ring)
+  int64_t cp_gather_bytes = 0;  // per sample, a region's output: the shares gathered at the piece's end
   // Whether the piece reads (and writes gradients into) any element of `r` of the layout.
   bool touches(const Range& r) const {
     auto overlap = [&](const Range& a) { return a.begin < r.end && r.begin < a.end; };

@@ -494,6 +494,8 @@ TEST_CASE("context parallelism: each piece's blocks run on a share of the tokens
   for (RegionId q : seg.context_regions) cp_flops += f.manifest.flops(q);
   CHECK(find(g, "0F0").flops == find(whole, "0F0").flops - cp_flops + cp_flops / 2);
   CHECK(seg.cp_kv_bytes == 8 * 2 * 64 * 64 * 4);  // per attention, [seq, d] fp32 keys and values
+  CHECK(seg.cp_rings == 8);
+  CHECK(seg.cp_gather_bytes == 64 * 64 * 4);
   CHECK(census(g) == std::map<std::string, int>{{"F", 1}, {"B", 1}, {"U", 1}});  // the ring runs inside the piece
   CHECK(whole.facts.stages.front().segments.front().context_regions.empty());
 }

@@ -233,7 +233,7 @@ std::optional<double> CostModel::measured_chunk(const ir::Graph& g, const ir::No
     }
     t += rt_x;
   }
-  return std::max(t, 0.0) * tp_share(g, n);
+  return std::max(t, 0.0) * split_share(g, n);
 }
 
 // One piece of work on the roofline. A product [M×K]·[K×N] runs its backward as the input gradient
@@ -328,29 +328,33 @@ std::optional<double> CostModel::roofline_chunk(const ir::Graph& g, const ir::No
   return flops > 0 ? t * mine / (flops * rows) : t;
 }
 
-// Regions are measured whole, on one rank: under tensor parallelism the share of a piece's work its
-// sharded regions do (by FLOPs) splits over the axis.
-double CostModel::tp_share(const ir::Graph& g, const ir::Node& n) const {
+// Regions are measured whole, on one rank: under tensor or context parallelism the share of a
+// piece's work its sharded (or context) regions do, by FLOPs, splits over the axis.
+double CostModel::split_share(const ir::Graph& g, const ir::Node& n) const {
   const ir::Segment& seg = g.segment_of(n);
-  const int64_t ways = g.stage(n.stage).tp.ways;
-  if (seg.tp_regions.empty() || ways <= 1) return 1;
-  double whole = 0, sharded = 0;
+  const ir::StageFacts& st = g.stage(n.stage);
+  const bool context = !seg.context_regions.empty();
+  const int64_t ways = context ? st.cp.ways : st.tp.ways;
+  const std::vector<RegionId>& split = context ? seg.context_regions : seg.tp_regions;
+  if (split.empty() || ways <= 1) return 1;
+  double whole = 0, part = 0;
   for (RegionId r : seg.regions) whole += static_cast<double>(subtree_flops_.at(static_cast<size_t>(r)));
-  for (RegionId q : seg.tp_regions) sharded += static_cast<double>(subtree_flops_.at(static_cast<size_t>(q)));
+  for (RegionId q : split) part += static_cast<double>(subtree_flops_.at(static_cast<size_t>(q)));
   if (whole <= 0) return 1;
-  return 1 - sharded / whole * (1 - 1.0 / static_cast<double>(ways));
+  return 1 - part / whole * (1 - 1.0 / static_cast<double>(ways));
 }
 
 // The all-reduces a tensor-parallel piece runs inside: one per sharded region, of its partial
 // output in the forward and of its input gradient in the backward (none in BW), ring on the tp axis's
 // link; with sequence parallelism, one all-gather more.
-CostModel::TpTraffic CostModel::tp_traffic(const ir::Graph& g, const ir::Node& n) const {
+CostModel::PieceTraffic CostModel::piece_traffic(const ir::Graph& g, const ir::Node& n) const {
   using ir::Op;
   if (n.stage < 0 || !ir::is_chunk(n.op) || n.op == Op::U || n.op == Op::BW) return {};
   const ir::Segment& seg = g.segment_of(n);
+  if (!seg.context_regions.empty()) return ring_traffic(g, n);
   const ir::TensorParallel& tp = g.stage(n.stage).tp;
   if (seg.tp_regions.empty() || tp.ways <= 1) return {};
-  TpTraffic t;
+  PieceTraffic t;
   t.calls = static_cast<int64_t>(seg.tp_regions.size());
   t.axis = tp.axis;
   t.on_network = g.facts.hosts.axis(tp.axis);
@@ -366,6 +370,38 @@ CostModel::TpTraffic CostModel::tp_traffic(const ir::Graph& g, const ir::Node& n
     t.calls += 1;
     t.bytes += each;
     if (machine_) t.seconds += collective_seconds(g, Op::AllGather, each, tp.ways, tp.axis);
+  }
+  return t;
+}
+
+// Context parallelism's exchanges inside a piece (runtime/model/ring_attention.cpp): per attention,
+// forward cp-1 shifts of this rank's keys and values (kv/cp each); backward cp-1 shifts of keys,
+// values and their gradients (twice that) and one of the gradients home. Each shift is a send to
+// the next rank and a receive from the previous at once: latency + bytes / bandwidth on the cp
+// axis's link. The shares are gathered once per run of context regions (an all-gather of a region's
+// output; backward, of its input gradient).
+CostModel::PieceTraffic CostModel::ring_traffic(const ir::Graph& g, const ir::Node& n) const {
+  const ir::Segment& seg = g.segment_of(n);
+  const ir::TensorParallel& cp = g.stage(n.stage).cp;
+  if (cp.ways <= 1) return {};
+  PieceTraffic t;
+  t.op = "ring exchange (in pieces)";
+  t.axis = cp.axis;
+  t.on_network = g.facts.hosts.axis(cp.axis);
+  const double k = static_cast<double>(cp.ways), x = static_cast<double>(samples_);
+  // The ring computes in fp32 (keys and values travel so in bf16 too); the gather in the compute precision.
+  const double kv = static_cast<double>(seg.cp_kv_bytes) * x / k;  // this rank's share, all its attentions
+  const double gather = static_cast<double>(seg.cp_gather_bytes) * x / (g.stage(n.stage).precision == DType::BF16 ? 2 : 1);
+  const bool back = n.op != ir::Op::F;
+  const int64_t shifts = seg.cp_rings * (back ? cp.ways : cp.ways - 1);
+  const double ring = back ? 2 * kv * (k - 1) + kv : kv * (k - 1);
+  t.calls = shifts;
+  t.bytes = ring;
+  t.gathered = gather;
+  if (machine_) {
+    const Link& l = link_for(g.axis_name(cp.axis), t.on_network, true);
+    t.gathered_seconds = collective_seconds(g, ir::Op::AllGather, gather, cp.ways, cp.axis);
+    t.seconds = static_cast<double>(shifts) * l.latency + ring / l.bandwidth + t.gathered_seconds;
   }
   return t;
 }
@@ -434,8 +470,8 @@ double CostModel::cost(const ir::Graph& g, const ir::Node& n, int64_t group_size
     }
   }
   const Machine& m = *machine_;
-  if (auto t = measured_chunk(g, n)) return *t + tp_traffic(g, n).seconds;
-  if (auto t = roofline_chunk(g, n)) return *t + tp_traffic(g, n).seconds;
+  if (auto t = measured_chunk(g, n)) return *t + piece_traffic(g, n).seconds;
+  if (auto t = roofline_chunk(g, n)) return *t + piece_traffic(g, n).seconds;
   if (n.op == Op::U && m.roofline) {
     // Adam over fp32 state: parameter, gradient and two moments read, three written (28 bytes a
     // parameter, 7× its fp32 bytes), and a bf16 copy written where the stage computes in bf16.
@@ -453,9 +489,9 @@ double CostModel::cost(const ir::Graph& g, const ir::Node& n, int64_t group_size
   const double fwd = static_cast<double>(n.flops) * static_cast<double>(samples_) / m.flops;
   // Backward = input gradient + weight gradient, each about one forward.
   switch (n.op) {
-    case Op::F: return fwd + tp_traffic(g, n).seconds;
-    case Op::B: return 2 * fwd + tp_traffic(g, n).seconds;
-    case Op::BI: return fwd + tp_traffic(g, n).seconds;
+    case Op::F: return fwd + piece_traffic(g, n).seconds;
+    case Op::B: return 2 * fwd + piece_traffic(g, n).seconds;
+    case Op::BI: return fwd + piece_traffic(g, n).seconds;
     case Op::BW: return fwd;
     case Op::U: return 16.0 * static_cast<double>(n.bytes) / m.memory_bandwidth;  // read/write params, grads, 2 moments
     case Op::Recv: return 0;

@@ -108,15 +108,19 @@ class CostModel {
   double overlap(double sum_of_members) const { return unit_ && unit_->FB ? *unit_->FB : sum_of_members; }
   bool is_unit() const { return unit_.has_value(); }
   const std::optional<Machine>& machine_desc() const { return machine_; }
-  // The all-reduces a tensor-parallel piece runs inside (none elsewhere): how many, the bytes they
-  // move, their seconds on the tp axis's tiers (0 under unit costs), and whether its group spans hosts.
-  struct TpTraffic {
+  // The collectives a piece runs inside (tensor parallelism's all-reduces, context parallelism's
+  // ring exchanges; none elsewhere): how many, the bytes they move, their seconds on the axis's tiers
+  // (0 under unit costs), and whether its group spans hosts.
+  struct PieceTraffic {
     int64_t calls = 0;
     double bytes = 0, seconds = 0;
     int32_t axis = -1;
     bool on_network = false;
+    const char* op = "all_reduce (in pieces)";
+    // Context parallelism: the shares' all-gather, its bytes and seconds (in `seconds`, not `bytes`).
+    double gathered = 0, gathered_seconds = 0;
   };
-  TpTraffic tp_traffic(const ir::Graph& g, const ir::Node& n) const;
+  PieceTraffic piece_traffic(const ir::Graph& g, const ir::Node& n) const;
 
  private:
   std::optional<UnitCosts> unit_;
@@ -137,7 +141,8 @@ class CostModel {
   std::optional<double> roofline_chunk(const ir::Graph& g, const ir::Node& n) const;
   // A measured piece's time, or nothing when one of its regions was not measured.
   std::optional<double> measured_chunk(const ir::Graph& g, const ir::Node& n) const;
-  double tp_share(const ir::Graph& g, const ir::Node& n) const;
+  double split_share(const ir::Graph& g, const ir::Node& n) const;
+  PieceTraffic ring_traffic(const ir::Graph& g, const ir::Node& n) const;
   // A collective's seconds on the tiers its group spans (inside a host, across hosts).
   double collective_seconds(const ir::Graph& g, ir::Op op, double bytes, int64_t group, int32_t axis) const;
   // The link a communication node runs on, along `axis`; `crosses`: its group or peer is on another host.

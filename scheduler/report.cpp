@@ -78,10 +78,14 @@ json class_streams(const Plan& p, size_t c, json& comm) {
       const double a = s.start[static_cast<size_t>(v)], d = s.finish[static_cast<size_t>(v)] - a;
       ops.push_back({a, d, ir::op_name(n.op), ir::token(n), n.microbatch, n.stage, n.overlap});
       if (ir::is_chunk(n.op)) {
-        const CostModel::TpTraffic tp = p.costs.tp_traffic(g, n);
+        const CostModel::PieceTraffic tp = p.costs.piece_traffic(g, n);
         if (tp.calls == 0) continue;
-        auto& [calls, bytes, secs] = traffic[{tp.on_network, g.axis_name(tp.axis), "all_reduce (in pieces)"}];
-        calls += tp.calls, bytes += tp.bytes, secs += tp.seconds;
+        auto& [calls, bytes, secs] = traffic[{tp.on_network, g.axis_name(tp.axis), tp.op}];
+        calls += tp.calls, bytes += tp.bytes, secs += tp.seconds - tp.gathered_seconds;
+        if (tp.gathered > 0) {
+          auto& [gcalls, gbytes, gsecs] = traffic[{tp.on_network, g.axis_name(tp.axis), "all_gather (in pieces)"}];
+          gcalls += 1, gbytes += tp.gathered, gsecs += tp.gathered_seconds;
+        }
       } else if (n.op != ir::Op::Recv) {
         auto& [calls, bytes, secs] = traffic[{on_network(g, n), g.axis_name(n.axis), ir::op_name(n.op)}];
         calls += 1, bytes += static_cast<double>(n.bytes), secs += d;

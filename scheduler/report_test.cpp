@@ -74,8 +74,8 @@ TEST_CASE("the report's communication: each tier's bytes are the plan's, tp sums
     for (ir::NodeId v : s.ops) {
       const ir::Node& n = p.dag.nodes[static_cast<size_t>(v)];
       if (ir::is_chunk(n.op)) {
-        const CostModel::TpTraffic tp = p.costs.tp_traffic(p.dag, n);
-        expected[tp.on_network ? "across hosts" : "inside a host"] += tp.bytes;
+        const CostModel::PieceTraffic tp = p.costs.piece_traffic(p.dag, n);
+        expected[tp.on_network ? "across hosts" : "inside a host"] += tp.bytes + tp.gathered;
       }
       else if (n.op != ir::Op::Recv) expected[on_network(p.dag, n) ? "across hosts" : "inside a host"] += double(n.bytes);
     }

@@ -166,6 +166,12 @@ StepResult Executor::Impl::step(int64_t s) {
     sp->set_lr(res.lr);
   }
   if (queues) queues->synchronize_current();  // the zeroed gradients, before any op stream adds to them
+  auto ring_sent = [this] {
+    int64_t b = 0;
+    for (const auto& [stage, g] : context_groups) b += comm.bytes_sent(g.channel);
+    return b;
+  };
+  const int64_t ring_before = ring_sent();
   begin_pass();
   std::string failure = threads->run(s + 1, [this](NodeId v) { run(v); },
                                      [this](const std::string& msg) { comm.abort(msg); }, &res.ops);
@@ -173,6 +179,7 @@ StepResult Executor::Impl::step(int64_t s) {
   res.ops_began = std::chrono::duration<double>(threads->began().time_since_epoch()).count();
   if (queues) queues->synchronize();  // the step ends when its kernels have, not its launches
 
+  res.ring_bytes = ring_sent() - ring_before;
   res.loss = pass_loss();
   res.grad_norm = grad_norm;
   end_pass();

@@ -42,6 +42,7 @@ struct StepResult {
   std::vector<OpSpan> ops;
   double ops_began = 0;  // steady-clock seconds at which `ops`' times start (this rank's clock)
   MemoryStats memory;  // this rank's tensor storage during the step (when the memory counter is installed)
+  int64_t ring_bytes = 0;  // what this rank sent round context parallelism's rings in the step
 };
 
 // LibTorch's intra-op threads for this process (ranks sharing cores want 1 each).

@@ -101,6 +101,7 @@ class StepReporter {
       by_category[mem_category_name(static_cast<MemCategory>(c))] = mem.at_peak[fullest][static_cast<size_t>(c)];
     std::string norm_key = r.grad_norm >= 0 ? fmt::format("\"grad_norm\":{:.9g},", r.grad_norm) : "";
     if (r.val_loss >= 0) norm_key += fmt::format("\"val_loss\":{:.9g},\"eval_s\":{:.6f},", r.val_loss, r.eval_seconds);
+    if (r.ring_bytes > 0) norm_key += fmt::format("\"ring_bytes\":{},", r.ring_bytes);  // rank 0's
     metrics_ << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"lr\":{:.9g},{}\"tokens_per_s\":{:.1f},\"step_s\":{:.6f},"
                             "\"peak_mem_bytes\":{},\"peak_tensor_bytes\":{},\"peak_tensor_bytes_by_rank\":[{}],"
                             "\"peak_tensor_bytes_by_category\":{},\"step_s_by_rank\":[{:.6f}],\"compute_s_by_rank\":[{:.6f}]}}\n",
