@@ -117,16 +117,19 @@ PY
 sed -i -E 's/"coord": ?0/"coord":7/' "$tmp/ck_swap/step-00000003/manifest.json"
 expect_error "does not fit its parameter's shape" "a malformed slice entry" -- 1 err_slice.txt single.piper --steps 4 \
   --resume "$tmp/ck_swap"
-# --save-model of a tp=2 run: the whole parameters, element for element those of single's run.
-piper 2 tp_model.txt tp.piper --steps 2 --save-model "$tmp/tp_trained.pt" || fail "tp=2 --save-model: $(cat "$tmp/tp_model.txt")"
-piper 1 single_model.txt single.piper --steps 2 --save-model "$tmp/single_trained.pt" ||
+# --save-model of a tp=2 run: the whole parameters, element for element those of single's run. SGD,
+# because AdamW divides by the gradient's own size: the key bias's gradient is zero but for rounding
+# (softmax ignores a shift), so its update is rounding noise scaled to ~lr and differs by 1e-5.
+piper 2 tp_model.txt tp.piper --steps 2 --optimizer sgd --save-model "$tmp/tp_trained.pt" ||
+  fail "tp=2 --save-model: $(cat "$tmp/tp_model.txt")"
+piper 1 single_model.txt single.piper --steps 2 --optimizer sgd --save-model "$tmp/single_trained.pt" ||
   fail "single --save-model: $(cat "$tmp/single_model.txt")"
 ${PIPER_PYTHON:-/usr/bin/python3} - "$tmp/tp_trained.pt" "$tmp/single_trained.pt" <<'PY' || fail "tp=2's saved model against single's"
 import sys, torch
 a, b = (dict(torch.jit.load(f).named_parameters()) for f in sys.argv[1:])
 assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a), "names and shapes"
 worst = max(float((a[k] - b[k]).abs().max()) for k in a)
-assert worst <= 1e-5, f"largest difference {worst:.3g}"
+assert worst <= 1e-6, f"largest difference {worst:.3g}"
 PY
 
 if timeout 60 "$run" "$tmp/other.pt" "$root/strategies/single.piper" "${common[@]}" --steps 4 --resume "$tmp/ck" >"$tmp/err5.txt" 2>&1; then
