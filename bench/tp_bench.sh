@@ -11,19 +11,9 @@
 # Prints every round and the median over rounds with the spread.
 # Usage: bench/tp_bench.sh [BUILD_DIR] [ROUNDS]   (ROUNDS 0: memory only)
 source "$(dirname "$0")/speed_setup.sh"
+source "$(dirname "$0")/layer_bench_lib.sh"
 export OMP_NUM_THREADS=1
 "$build/tools/piper-model" gpt --layers 8 --d-model 384 --ffn 1536 --seq 64 -o "$tmp/m.pt" >/dev/null  # the issue's model
-run() {  # NP OUT STRATEGY BATCH STEPS [piper-run args...]
-  local np=$1 out=$2 strategy=$3 batch=$4 steps=$5
-  shift 5
-  mpirun -np "$np" --oversubscribe --bind-to none "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/$strategy" \
-    --data "$root/data/corpus.txt" --steps "$steps" --batch-size "$batch" --threads 1 --metrics "$out" "$@" >/dev/null
-}
-sim() {  # OUT STRATEGY BATCH [piper-check args...]
-  local out=$1 strategy=$2 batch=$3
-  shift 3
-  "$build/tools/piper-check" "$tmp/m.pt" "$root/strategies/$strategy" --batch-size "$batch" "$@" --emit sim-json -o "$out" >/dev/null
-}
 # 1. Memory.
 run 1 "$tmp/mem1.jsonl" single.piper 2 3
 run 2 "$tmp/mem2.jsonl" tp.piper 2 3 --set tp=2
