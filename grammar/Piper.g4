@@ -15,6 +15,7 @@ stmt        : 'param' NAME '=' expr ('in' domain)? ';'                    # para
             | 'replicate' selectors 'over' axisRef replicateOpt* streamClause? ';' # replicateStmt
             | 'shard' selectors 'over' axisRef shardDim? (seq='sequence' exchange=NAME?)? streamClause? ';' # shardStmt
             | 'split' 'batch' 'into' expr ';'                             # splitStmt
+            | 'mirror' 'over' axisRef ';'                                 # mirrorStmt
             | 'order' chain streamClause? ';'                             # orderStmt
             | 'order' 'from' STRING ';'                                   # orderFromStmt
             | 'sequence' block                                            # sequenceStmt

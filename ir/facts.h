@@ -155,6 +155,11 @@ struct StageFacts {
   std::vector<RegionId> regions;  // the pipeline regions of the stage, in order
   int64_t coord = 0;              // on the pipeline axis
   int64_t chunk = 0;              // virtual-stage index on its ranks
+  // `mirror`: the copy's coordinate (-1: none; equal to `coord` when the stage is its own mirror, one
+  // copy then) and its virtual-stage index there, after the stages placed there.
+  int64_t copy_coord = -1;
+  int64_t copy_chunk = 0;
+  bool copied() const { return copy_coord >= 0 && copy_coord != coord; }
   std::vector<ParamSlot> dense;   // the dense (not expert-sharded) parameters' flat layout
   int64_t dense_elems = 0;
   std::vector<Segment> segments;  // at least one
@@ -204,6 +209,8 @@ struct PlanFacts {
   int32_t pipeline_axis = -1;
   int64_t microbatches = 1;
   int64_t samples_per_microbatch = 1;
+  int64_t mirror_from = -1;  // `mirror`: microbatches from here on run through the stages' copies (-1: none)
+  bool on_copy(int64_t microbatch) const { return mirror_from >= 0 && microbatch >= mirror_from; }
   std::vector<StageFacts> stages;
   std::vector<TieFacts> ties;  // ties held by more than one stage
   std::vector<SourceLoc> overlap_locs;  // per overlap group: the order that asked for it (diagnostics)

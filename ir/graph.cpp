@@ -131,6 +131,7 @@ constexpr OpName kNames[] = {
     {"ALLGATHER_PB", Op::AllGather, Payload::Param, true},
     {"ALLREDUCE_G", Op::AllReduce, Payload::Grad, true},
     {"ALLREDUCE_T", Op::AllReduce, Payload::Tied, true},
+    {"ALLREDUCE_C", Op::AllReduce, Payload::Copy, true},
     {"ALLREDUCE_N", Op::AllReduce, Payload::Norm, true},
     {"BROADCAST_P", Op::Broadcast, Payload::Param, false},
     {"ALLGATHER_P", Op::AllGather, Payload::Param, false},

@@ -31,6 +31,7 @@ enum class Payload : uint8_t {
   Dispatch,  // tokens to their experts (A2A_D)
   Combine,   // expert outputs back to their tokens (A2A_C)
   Tied,      // gradients of a tied parameter summed over its copies (ALLREDUCE_T; `bucket` is the tie)
+  Copy,      // a stage's gradients summed over its two copies (`mirror`: ALLREDUCE_C)
   Norm,      // the squared global gradient norm, summed over every rank (ALLREDUCE_N; clipping)
 };
 

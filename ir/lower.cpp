@@ -19,7 +19,8 @@ struct Pass {
 // The order matters: hosts needs only the mesh and the stages' coordinates, and comes first so
 // that every later reader (the cost model, reports) finds it; cut decides the stages build lays out; split copies what build made; place
 // needs every chunk to exist; p2p needs ranks; replicate and shard rewire edges that p2p may already
-// have split; tie follows replicate, whose reductions it waits for; norm follows tie and shard, as
+// have split; tie follows replicate, whose reductions it waits for, and mirror follows both for the
+// same reason (place made the copies' updates, so replicate reduces each copy's gradients); norm follows tie and shard, as
 // it waits for everything the updates wait for; storage lays out what replication decided (it adds
 // no nodes); order needs the final pieces of every task (and must see
 // all communication to find cycles through it); recompute only marks forwards, so it can come last.
@@ -38,6 +39,8 @@ const std::vector<Pass>& passes() {
        replicate_pass, true},
       {{"tie", "tied parameters: copies in several stages summed by ALLREDUCE_T before their updates"}, tie_pass,
        true},
+      {{"mirror", "`mirror`: each stage's two copies sum their gradients by ALLREDUCE_C before their updates"},
+       mirror_pass, true},
       {{"shard", "expert parallelism: all-to-all dispatch and combine around sharded pieces; owners"}, shard_pass,
        true},
       {{"norm", "clipping: the global gradient norm's all-reduce after the last gradient, before every update"},

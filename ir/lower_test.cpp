@@ -552,3 +552,47 @@ TEST_CASE("hosts: which mesh axes and which pipeline handoffs go between hosts")
   CHECK_FALSE(one->facts.hosts.any());
   CHECK(emit_hosts(*one).empty());
 }
+
+TEST_CASE("mirror: the copies' microbatches run at the mirrored coordinate, each copy's update waits for ALLREDUCE_C") {
+  Front f;
+  CommandLine cmd;
+  cmd.np = 4;
+  Graph g = lowered(f, "mesh pp = 4;\nsplit batch into 4;\nplace embed on pp = 0;\nplace layers[*] over pp;\n"
+                       "place head on pp = 3;\nmirror over pp;\n", cmd);
+  CHECK(g.facts.mirror_from == 2);
+  for (int32_t s = 0; s < 4; ++s) {
+    CAPTURE(s);
+    CHECK(g.stage(s).copy_coord == 3 - s);
+    CHECK(g.stage(s).copy_chunk == 1);  // after the rank's own stage
+    // Microbatches 0, 1 down at the stage's own rank, 2, 3 up at the copy's.
+    CHECK(g.ranks(find(g, fmt::format("{}F1", s)).ranks) == std::vector<int32_t>{s});
+    CHECK(g.ranks(find(g, fmt::format("{}F2", s)).ranks) == std::vector<int32_t>{3 - s});
+  }
+  CHECK(census(g)["U"] == 8);
+  CHECK(census(g)["ALLREDUCE_C"] == 8);
+  // Each update is fed by one sum on its own ranks, which the backwards on those ranks feed; the
+  // two sums a pair of ranks share run in stage order on both (they are one sequence of calls).
+  std::map<int32_t, std::vector<int32_t>> sums_on;  // rank -> the stages it sums
+  for (NodeId v = 0; v < NodeId(g.nodes.size()); ++v) {
+    const Node& n = g.nodes[static_cast<size_t>(v)];
+    if (n.payload != Payload::Copy) continue;
+    bool feeds_update = false, after_backward = false;
+    for (const Edge& e : g.edges) {
+      const Node &src = g.nodes[static_cast<size_t>(e.src)], &dst = g.nodes[static_cast<size_t>(e.dst)];
+      if (e.src == v && dst.op == Op::U && dst.ranks == n.ranks && dst.stage == n.stage) feeds_update = true;
+      if (e.dst == v && (src.op == Op::B || src.op == Op::BW) && src.ranks == n.ranks) after_backward = true;
+    }
+    CHECK(feeds_update);
+    CHECK(after_backward);
+    sums_on[g.ranks(n.ranks).front()].push_back(n.stage);
+  }
+  const bool chained = std::any_of(g.edges.begin(), g.edges.end(), [&](const Edge& e) {
+    const Node &a = g.nodes[static_cast<size_t>(e.src)], &b = g.nodes[static_cast<size_t>(e.dst)];
+    return e.kind == EdgeKind::Temporal && a.payload == Payload::Copy && b.payload == Payload::Copy &&
+           g.ranks(a.ranks) == std::vector<int32_t>{3} && a.stage == 0 && b.stage == 3;
+  });
+  CHECK(chained);  // on rank 3 the copy's sum (stage 0) before its own stage's (3), as on rank 0
+  CHECK(sums_on[0] == std::vector<int32_t>{0, 3});
+  CHECK(sums_on[3] == std::vector<int32_t>{0, 3});
+  CHECK(sums_on[1] == std::vector<int32_t>{1, 2});
+}

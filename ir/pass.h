@@ -33,6 +33,7 @@ void place_pass(LowerContext& c);
 void p2p_pass(LowerContext& c);
 void replicate_pass(LowerContext& c);
 void tie_pass(LowerContext& c);  // sets c.failed when tied copies are replicated differently
+void mirror_pass(LowerContext& c);  // sets c.failed when `mirror` meets what it does not compose with
 void shard_pass(LowerContext& c);
 void norm_pass(LowerContext& c);
 void storage_pass(LowerContext& c);

@@ -143,19 +143,21 @@ void replicate_pass(LowerContext& c) {
   Graph& g = c.graph;
   const int32_t grads = g.tensor("param_grads"), params = g.tensor("params");
   const size_t stages = g.facts.stages.size();
-  std::vector<std::vector<NodeId>> chunks(stages);
-  std::vector<NodeId> update(stages, -1);
+  // Per stage and the ranks that hold it (two sets for a `mirror` copy, each with its update).
+  std::map<std::pair<size_t, GroupId>, std::vector<NodeId>> chunks;
+  std::map<std::pair<size_t, GroupId>, NodeId> update;
   for (NodeId v = 0; v < NodeId(g.nodes.size()); ++v) {
     const Node& n = g.nodes[v];
     if (!is_chunk(n.op)) continue;
-    if (n.op == Op::U) update[static_cast<size_t>(n.stage)] = v;
-    else chunks[static_cast<size_t>(n.stage)].push_back(v);
+    const auto key = std::make_pair(static_cast<size_t>(n.stage), n.ranks);
+    if (n.op == Op::U) update[key] = v;
+    else chunks[key].push_back(v);
   }
-  for (size_t s = 0; s < stages; ++s) {
-    if (g.facts.stages[s].replication.axis < 0) continue;
-    StageReplication r(c, s, chunks[s], update[s], grads, params);
+  for (const auto& [key, u] : update) {
+    if (g.facts.stages[key.first].replication.axis < 0) continue;
+    StageReplication r(c, key.first, chunks[key], u, grads, params);
     r.reduce_buckets();
-    if (g.facts.stages[s].replication.zero == 3) r.gather_units();
+    if (g.facts.stages[key.first].replication.zero == 3) r.gather_units();
   }
   g.remove_dead_edges();
 }

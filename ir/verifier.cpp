@@ -81,8 +81,13 @@ class Verifier {
 
   void index_chunks() {
     for (NodeId v = 0; v < n_; ++v)
-      if (const Node& x = g_.nodes[v]; is_chunk(x.op) && !chunk_at_.emplace(std::make_tuple(x.op, x.stage, x.microbatch, x.segment), v).second)
-        say(fmt::format("{} appears twice", token(x)));
+      if (const Node& x = g_.nodes[v]; is_chunk(x.op) && !chunk_at_.emplace(std::make_tuple(x.op, x.stage, x.microbatch, x.segment), v).second) {
+        // `mirror`: a copied stage has two updates, one per copy, on the copies' ranks.
+        const Node& first = g_.nodes[chunk_at_.at(std::make_tuple(x.op, x.stage, x.microbatch, x.segment))];
+        if (!(x.op == Op::U && g_.stage(x.stage).copied() && first.ranks != x.ranks && !second_update_.count(x.stage)))
+          say(fmt::format("{} appears twice", token(x)));
+        second_update_.insert(x.stage);
+      }
   }
 
   void node(NodeId v) {
@@ -180,7 +185,9 @@ class Verifier {
       }
       for (NodeId v = 0; v < n_; ++v) {
         const Node& x = g_.nodes[v];
-        if ((x.op == Op::B || x.op == Op::BW) && x.stage == g_.nodes[u].stage && !seen[static_cast<size_t>(v)])
+        // (each `mirror` copy's update: the backwards on its ranks)
+        if ((x.op == Op::B || x.op == Op::BW) && x.stage == g_.nodes[u].stage && x.ranks == g_.nodes[u].ranks &&
+            !seen[static_cast<size_t>(v)])
           say(fmt::format("{} does not reach {}: the update may step without its gradients", token(x), token(g_.nodes[u])));
       }
     }
@@ -229,6 +236,7 @@ class Verifier {
   const NodeId n_;
   Graph::Adjacency adj_;
   std::map<std::tuple<Op, int32_t, int32_t, int16_t>, NodeId> chunk_at_;
+  std::set<int32_t> second_update_;  // copied stages whose copy's update was seen
   std::vector<std::string> problems_;
 };
 }  // namespace

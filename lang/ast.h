@@ -116,6 +116,8 @@ struct ShardStmt {
   std::optional<StreamClause> stream;
 };
 struct SplitStmt { ExprPtr microbatches; };
+// `mirror over pp;`: every stage also held at the mirrored pipeline coordinate (DeepSeek's DualPipe).
+struct MirrorStmt { AxisRef axis; };
 struct OrderStmt {
   std::vector<TaskGroup> chain;  // group[0] -> group[1] -> ...
   std::optional<StreamClause> stream;
@@ -127,7 +129,7 @@ struct RecomputeStmt { std::vector<Selector> regions; };
 struct PrecisionStmt { std::string dtype; SourceLoc dtype_loc; std::vector<Selector> regions; };
 
 using StmtNode = std::variant<ParamStmt, LetStmt, MeshStmt, StreamStmt, UseStmt, AssertStmt, IfStmt,
-                              ForStmt, PlaceStmt, ReplicateStmt, ShardStmt, SplitStmt, OrderStmt,
+                              ForStmt, PlaceStmt, ReplicateStmt, ShardStmt, SplitStmt, MirrorStmt, OrderStmt,
                               SequenceStmt, OrderFromStmt, RecomputeStmt, PrecisionStmt>;
 
 struct Stmt {

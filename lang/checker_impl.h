@@ -166,6 +166,8 @@ class Checker {
                      const std::string& axis);
   bool context_leaves(RegionId r, std::vector<RegionId>& out) const;
   void stmt(const ast::SplitStmt& sp, const ast::Stmt& s, Env& env, UseContext&, FileId);
+  void stmt(const ast::MirrorStmt& mi, const ast::Stmt& s, Env& env, UseContext&, FileId);
+  void finish_mirror();
   void stmt(const ast::OrderStmt& o, const ast::Stmt& s, Env& env, UseContext&, FileId);
   void stmt(const ast::SequenceStmt& q, const ast::Stmt&, Env& env, UseContext& use, FileId file);
   // `order from "schedule.csv"` (order_from.cpp): the file's lines run as sequences; once stages
@@ -233,7 +235,7 @@ class Checker {
   std::vector<std::unique_ptr<CsvSchedule>> schedules_;  // read by `order from`; their orders point into them
   // `place ... over AXIS balanced` (and `interleaved(v) balanced`, `vshape balanced`): cut into
   // chunks by cost once every placement is known.
-  SourceLoc first_mesh_, first_place_, split_loc_, first_stmt_;
+  SourceLoc first_mesh_, first_place_, split_loc_, first_stmt_, mirror_loc_, mirror_axis_loc_;
   size_t place_count_ = 0;
   int64_t steps_ = 0;
   bool budget_reported_ = false;

@@ -347,6 +347,18 @@ void Checker::stmt(const ast::SplitStmt& sp, const ast::Stmt& s, Env& env, UseCo
   out_.directives.push_back(Directive{s.loc, SplitDirective{*n}, diags_.context()});
 }
 
+void Checker::stmt(const ast::MirrorStmt& mi, const ast::Stmt& s, Env& env, UseContext&, FileId) {
+  auto axis = check_axis(mi.axis, env);
+  if (!axis) return;
+  if (mirror_loc_.valid()) {
+    diags_.error(s.loc, "the pipeline is mirrored twice").note(mirror_loc_, "first mirrored here");
+    return;
+  }
+  mirror_loc_ = s.loc;
+  mirror_axis_loc_ = mi.axis.loc;
+  out_.directives.push_back(Directive{s.loc, MirrorDirective{*axis}, diags_.context()});
+}
+
 namespace {
 void names_in(const ast::Expr& e, bool whole, std::vector<std::string>& names, std::vector<const ast::Expr*>& nested) {
   if (e.kind == ast::Expr::Kind::Name) {

@@ -51,7 +51,7 @@ void Checker::check_schedule_line(const CsvSchedule& c, size_t r) {
   std::map<std::tuple<char, int64_t, int64_t>, SourceLoc> seen;
   for (const auto& step : c.lines[r])
     for (const CsvAction& a : step) {
-      const int64_t coord = out_.stages[static_cast<size_t>(a.stage)].coord;  // in range: expansion checked it
+      const int64_t coord = out_.task_coord(a.stage, a.microbatch);  // in range: expansion checked it
       if (coord != static_cast<int64_t>(r)) {
         diags_.error(a.loc, fmt::format("stage {} runs on pipeline rank {}, but this is line {}, rank {}'s", a.stage, coord,
                                         r + 1, r));
@@ -64,8 +64,8 @@ void Checker::check_schedule_line(const CsvSchedule& c, size_t r) {
       }
     }
   for (size_t s = 0; s < out_.stages.size(); ++s) {
-    if (out_.stages[s].coord != static_cast<int64_t>(r)) continue;
     for (int64_t mb = 0; mb < out_.microbatches; ++mb) {
+      if (out_.task_coord(static_cast<int64_t>(s), mb) != static_cast<int64_t>(r)) continue;
       auto has = [&](char t) { return seen.count(std::make_tuple(t, static_cast<int64_t>(s), mb)) > 0; };
       std::string missing;
       if (!has('F')) missing = "forward";

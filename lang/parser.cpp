@@ -217,6 +217,8 @@ class Builder {
       s->node = shard_stmt(p);
     } else if (auto* p = dynamic_cast<G::SplitStmtContext*>(c)) {
       s->node = ast::SplitStmt{expr(p->expr())};
+    } else if (auto* p = dynamic_cast<G::MirrorStmtContext*>(c)) {
+      s->node = ast::MirrorStmt{axis_ref(p->axisRef())};
     } else if (auto* p = dynamic_cast<G::OrderStmtContext*>(c)) {
       s->node = order_stmt(p);
     } else if (auto* p = dynamic_cast<G::OrderFromStmtContext*>(c)) {

@@ -29,8 +29,11 @@ std::string strategy_report(const CheckedStrategy& s, const Manifest& m) {
   for (size_t i = 0; i < s.stages.size(); ++i) {
     const Stage& st = s.stages[i];
     const int64_t bytes = m.unique_param_bytes(st.regions);
-    out += fmt::format("    {:>3}  {}={} chunk {}  {}  ({})\n", i, s.pipeline_axis.empty() ? "rank" : s.pipeline_axis,
-                       st.coord, st.chunk, print_regions(st.regions, m), human_bytes(double(bytes)));
+    const std::string copy = s.mirror_from() >= 0 ? fmt::format(", its copy at {}={}", s.pipeline_axis,
+                                                                  s.task_coord(static_cast<int64_t>(i), s.mirror_from()))
+                                                  : "";
+    out += fmt::format("    {:>3}  {}={} chunk {}{}  {}  ({})\n", i, s.pipeline_axis.empty() ? "rank" : s.pipeline_axis,
+                       st.coord, st.chunk, copy, print_regions(st.regions, m), human_bytes(double(bytes)));
   }
   std::map<std::string, int> counts;
   for (const auto& d : s.directives)
@@ -42,6 +45,7 @@ std::string strategy_report(const CheckedStrategy& s, const Manifest& m) {
       else if constexpr (std::is_same_v<T, TensorShardDirective>) return "tensor shard";
       else if constexpr (std::is_same_v<T, ContextShardDirective>) return "context shard";
       else if constexpr (std::is_same_v<T, SplitDirective>) return "split";
+      else if constexpr (std::is_same_v<T, MirrorDirective>) return "mirror";
       else if constexpr (std::is_same_v<T, OrderDirective>) return "order";
       else if constexpr (std::is_same_v<T, RecomputeDirective>) return "recompute";
       else if constexpr (std::is_same_v<T, PrecisionDirective>) return "precision";

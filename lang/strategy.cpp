@@ -168,6 +168,8 @@ std::string directive_text(const Directive& d, const Manifest& m, const SmsLimit
           return fmt::format("shard {} over {} sequence {};\n", print_regions(x.regions, m), x.axis, x.exchange);
         } else if constexpr (std::is_same_v<T, SplitDirective>) {
           return fmt::format("split batch into {};\n", x.microbatches);
+        } else if constexpr (std::is_same_v<T, MirrorDirective>) {
+          return fmt::format("mirror over {};\n", x.axis);
         } else if constexpr (std::is_same_v<T, OrderDirective>) {
           return order_text(x, nullptr, sms) + "\n";
         } else if constexpr (std::is_same_v<T, RecomputeDirective>) {

@@ -79,6 +79,14 @@ struct SplitDirective {
   int64_t microbatches = 1;
 };
 
+// `mirror over pp;`: every stage is held twice, at its pipeline coordinate c and at the mirrored
+// one (n-1-c); microbatches [0, m/2) run through the stages where they are placed (first to last
+// coordinate), [m/2, m) through the copies (last to first), and the two copies of each stage sum
+// their gradients before the update, so they stay equal. DeepSeek's DualPipe, as a placement.
+struct MirrorDirective {
+  std::string axis;  // the pipeline axis
+};
+
 struct OrderDirective {
   std::vector<std::vector<Task>> chain;  // each group happens before the next; a group is co-scheduled
   std::string stream;
@@ -94,7 +102,7 @@ struct PrecisionDirective {
 };
 
 using DirectiveBody = std::variant<PlaceDirective, ReplicateDirective, ShardDirective, TensorShardDirective, ContextShardDirective,
-                                   SplitDirective, OrderDirective, RecomputeDirective, PrecisionDirective>;
+                                   SplitDirective, MirrorDirective, OrderDirective, RecomputeDirective, PrecisionDirective>;
 
 // For exhaustive visitors: `else static_assert(unhandled<T>, "...")` makes a directive that a
 // visitor forgets a compile error rather than a silent skip.
@@ -136,6 +144,17 @@ struct CheckedStrategy {
   int64_t axis_size(std::string_view axis) const { return mesh.size(axis); }  // 1 for an axis not in the mesh
   int pipeline_axis_index() const { return mesh.index(pipeline_axis); }  // -1 without a pipeline
   int64_t replicas() const { return mesh.replicas(pipeline_axis_index()); }
+  // `mirror`: the first microbatch the stages' copies run (-1: no copies).
+  int64_t mirror_from() const {
+    for (const Directive& d : directives)
+      if (std::holds_alternative<MirrorDirective>(d.body)) return microbatches / 2;
+    return -1;
+  }
+  // The pipeline coordinate a stage's task for a microbatch runs at (its copy's, under `mirror`).
+  int64_t task_coord(int64_t stage, int64_t microbatch) const {
+    const int64_t c = stages.at(static_cast<size_t>(stage)).coord, from = mirror_from();
+    return from >= 0 && microbatch >= from ? axis_size(pipeline_axis) - 1 - c : c;
+  }
   int64_t samples_per_microbatch(int64_t global_batch) const {
     return mesh.samples_per_microbatch(global_batch, pipeline_axis_index(), microbatches);
   }

@@ -28,6 +28,7 @@ void Checker::finish() {
                  fmt::format("{} microbatches over {} stages are {} forward tasks a step: the limit is {}",
                              out_.microbatches, stages, stages * out_.microbatches, kMaxStageMicrobatches));
   finish_axes();
+  finish_mirror();
   finish_split_blocks();
   finish_batch();
   if (diags_.has_errors()) return;
@@ -110,6 +111,32 @@ void Checker::finish_placement() {
   // Balanced placements are cut by FLOPs here, all the checks need; lowering cuts them again by
   // measured costs when a machine file has them (ir/cut.cpp), with the same algorithm.
   out_.stages = form_stages(m_.sequence, place_regions(out_.directives, out_.mesh, m_.sequence, [&](RegionId r) { return m_.flops(r); }));
+}
+
+// `mirror over AXIS`: the copies sit on the pipeline axis and take half the microbatches each.
+void Checker::finish_mirror() {
+  if (!mirror_loc_.valid()) return;
+  const auto* d = [&]() -> const MirrorDirective* {
+    for (const Directive& x : out_.directives)
+      if (const auto* m = std::get_if<MirrorDirective>(&x.body)) return m;
+    return nullptr;
+  }();
+  if (out_.pipeline_axis.empty()) {
+    diags_.error(mirror_loc_, "nothing is placed over a pipeline axis, so there are no stages to mirror")
+        .note(SourceLoc{}, fmt::format("place the stages first, e.g. `place layers[*] over {};`", d->axis));
+    return;
+  }
+  if (d->axis != out_.pipeline_axis) {
+    diags_.error(mirror_axis_loc_, fmt::format("'{}' is not the pipeline axis: the stages are placed over '{}'", d->axis,
+                                               out_.pipeline_axis))
+        .note(first_place_, "placed here");
+    return;
+  }
+  if (out_.microbatches % 2 != 0) {
+    auto& e = diags_.error(mirror_loc_, fmt::format("a mirrored pipeline runs half the microbatches each way, but the "
+                                                    "batch is split into {}", out_.microbatches));
+    if (split_loc_.valid()) e.note(split_loc_, "split here; an even number of microbatches is needed");
+  }
 }
 
 void Checker::finish_axes() {

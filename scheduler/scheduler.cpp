@@ -282,6 +282,7 @@ class ListScheduler {
       for (const auto& t : g_.facts.ties)
         if (t.tie == x.bucket) return static_cast<int64_t>(t.coords.size());
     if (x.payload == ir::Payload::Norm) return g_.facts.mesh.world();  // every rank
+    if (x.payload == ir::Payload::Copy) return 2;  // a stage's two copies (`mirror`)
     return g_.facts.mesh.size(x.axis);
   }
   double cost_of(NodeId m) const {

@@ -94,6 +94,32 @@ TEST_CASE("DualPipeV: bubble (PP/2-1)(F&B+B-3W) for PP = 4, 8, 16 stages") {
   }
 }
 
+// Full DualPipe (`mirror`): pp stages each held on two ranks, half the microbatches each way. Its
+// bubble is DualPipeV's formula with PP the ranks; each rank holds its two stages' parameters (the
+// table's 2x: exactly 1F1B's stage r plus stage pp-1-r) and (PP+1)/PP of 1F1B's activations (the
+// table's PP+1 microbatches of a stage against 1F1B's PP): 1.254x, 1.131x, 1.069x, within 2%.
+TEST_CASE("DualPipe: bubble (PP/2-1)(F&B+B-3W), 2x parameters, (PP+1)/PP of 1F1B's activations, PP = 4, 8, 16") {
+  for (int p : {4, 8, 16}) {
+    CAPTURE(p);
+    Planner f("gpt32");
+    const std::vector<std::string> sets{fmt::format("pp={}", p), fmt::format("mb={}", 2 * p)};
+    auto dp = plan(f, "use \"dualpipe.piper\";\n", sets);
+    const double fb = 1 + 2;  // an overlapped forward+backward pair, unit costs
+    CHECK(bubble(dp).first == doctest::Approx((p / 2 - 1) * (fb + 2 - 3 * 1)));
+    auto onefb = plan(f, "use \"1f1b.piper\";\n", sets);
+    const auto params = static_cast<size_t>(MemCategory::Params);
+    for (int r = 0; r < p; ++r)
+      CHECK(dp.memory[size_t(r)].resident[params] ==
+            onefb.memory[size_t(r)].resident[params] + onefb.memory[size_t(p - 1 - r)].resident[params]);
+    auto act = [](const Plan& x) {
+      int64_t m = 0;
+      for (const auto& r : x.memory) m = std::max(m, r.at_peak[static_cast<size_t>(MemCategory::Activations)]);
+      return double(m);
+    };
+    CHECK(act(dp) / act(onefb) == doctest::Approx(double(p + 1) / p).epsilon(0.02));
+  }
+}
+
 // ZBV's idle under unit costs (a chunk: F 1, input gradient 1, weight gradient 1, so T_F = T_B = T_W
 // per chunk) is the last rank's fill alone, (PP-1) F: no schedule starts that rank earlier, so the
 // published "zero bubble" is this bound. A chunk is half a stage, so it is half ZB1P's in stage time.

@@ -72,6 +72,11 @@ for k in ("final_param_sum", "final_param_sumsq"):
     rel = abs(ref_p[k] - run_p[k]) / max(abs(ref_p[k]), 1e-12)
     assert rel < tol, f"{k}: reference {ref_p[k]} vs {run_p[k]} (rel {rel:.2e})"
 assert worst < tol, f"losses differ by up to {worst:.2e} relative:\n ref {ref}\n run {run}"
+# `mirror` (piper-run --check-copies): each stage's two copies bit-identical after every step.
+diffs = [r["copy_diff"] for r in (json.loads(l) for l in open(sys.argv[2])) if "copy_diff" in r]
+if diffs:
+    assert len(diffs) == steps and all(d == 0 for d in diffs), f"the stages' copies differ after steps: {diffs}"
+    print(f"  the stages' two copies bit-identical after each of {len(diffs)} steps")
 # Clipping: the global norm every rank reports equals PyTorch's clip_grad_norm_'s, step by step (a
 # parameter counted twice or not at all, replicated, sharded, tied or an expert, changes it), and it
 # was above the threshold on most steps, so clipping acted.

@@ -55,6 +55,8 @@ std::optional<int> parse(int argc, char** argv, RunArgs& a, bool lead) {
   app.add_option("--set", t.sets, "override a strategy parameter: NAME=VALUE (repeatable)")->allow_extra_args(false);
   app.add_option("-I,--include", t.include, "extra folder for `use \"...\"`")->allow_extra_args(false);
   app.add_option("--metrics", t.metrics_path, "JSON lines, one per step (written by rank 0)");
+  app.add_flag("--check-copies", t.check_copies,
+               "with `mirror`: after every step, compare each stage's two copies bit for bit (metrics: copy_diff, 0 when equal)");
   app.add_option("--trace", t.trace_path, "Perfetto/Chrome trace of what ran: a track per rank and stream");
   app.add_option("--threads", threads, "intra-op threads per rank (default: cores / ranks on this node)");
   app.add_option("--memory-limit", t.memory_limit,

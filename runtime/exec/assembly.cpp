@@ -20,6 +20,7 @@ void Executor::Impl::assemble_stages() {
   std::set<std::string> kept;  // regions whose weights this rank keeps
   std::set<int32_t> tied_here;  // ties a stage on this rank already holds
   const char* drop = std::getenv("PIPER_TEST_DROP_COLLECTIVE");  // the equivalence test's negative control
+  drop_copy_sums = drop && std::string(drop) == "mirror";
   for (auto& [stage, sv] : view.stages) {
     const ir::StageFacts& f = *sv.facts;
     const int64_t tp_coord = f.tp.axis >= 0 ? plan.dag.facts.mesh.coord(view.rank, f.tp.axis) : 0;

@@ -239,12 +239,24 @@ CallWatch& Executor::calls() { return *impl_->calls; }
 std::pair<double, double> Executor::param_checksum() {
   double sums[2] = {0, 0};
   for (auto& [stage, sp] : impl_->params) {
+    if (impl_->view.stages.at(stage).is_copy) continue;  // `mirror`: counted where the stage is its own
     auto [s, q] = sp->checksum(impl_->view.replica == 0);
     sums[0] += s;
     sums[1] += q;
   }
   impl_->comm.all_reduce_sum(sums, 2, everyone(impl_->comm), kRuntimeChannel);
   return {sums[0], sums[1]};
+}
+
+double Executor::copy_divergence() {
+  if (impl_->plan.dag.facts.mirror_from < 0) return -1;
+  double worst = 0;
+  for (auto& [stage, sp] : impl_->params) {  // by stage: a pair of ranks compares its stages in one order
+    const StageView& sv = impl_->view.stages.at(stage);
+    if (!sv.copy_group.empty()) worst = std::max(worst, sp->copy_divergence(sv.copy_group, kMirrorChannel, sv.is_copy));
+  }
+  impl_->comm.all_reduce_sum(&worst, 1, everyone(impl_->comm), kRuntimeChannel);  // zero only if zero everywhere
+  return worst;
 }
 
 }  // namespace piper::runtime

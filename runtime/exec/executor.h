@@ -36,6 +36,7 @@ struct StepResult {
   double loss = 0;     // mean over the global batch (the same number on every rank)
   double lr = 0;       // the learning rate the step was taken with
   double grad_norm = -1;  // the global gradient norm before clipping (-1: the plan measures none)
+  double copy_diff = -1;  // --check-copies: Executor::copy_divergence after the step (-1: not checked)
   double val_loss = -1;   // validation after this step (-1: none; the job sets it, see Executor::evaluate)
   double eval_seconds = 0;  // what one validation batch took (the job measures it)
   double seconds = 0;
@@ -61,6 +62,9 @@ class Executor {
   // Sum and sum of squares of every model parameter (each counted once across replicas), the same
   // on every rank: compared with the reference trainer's to show the final weights agree.
   std::pair<double, double> param_checksum();
+  // `mirror`: the largest difference between a stage's two copies' parameters over every rank (0:
+  // bit-identical, as they must be); -1 when the plan has no copies. Every rank calls it.
+  double copy_divergence();
   // Checkpoints (runtime/checkpoint.h): every rank calls these. save_checkpoint writes the state
   // after `steps_done` steps under DIR and returns the checkpoint's path; load_checkpoint fills this
   // plan's parameters and optimizer state from the newest checkpoint under DIR, saved by any plan of

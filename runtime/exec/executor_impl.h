@@ -44,6 +44,7 @@ struct Executor::Impl {
   std::map<int32_t, TensorGroup> context_groups;           // per held stage with context parallelism
   std::map<int32_t, GroupRing> context_rings;              // their rings (ring attention), over context_groups
   std::map<int32_t, TensorGroup> tensor_groups;            // per held stage with tensor parallelism
+  bool drop_copy_sums = false;  // the equivalence test's negative control of `mirror` (PIPER_TEST_DROP_COLLECTIVE=mirror)
   std::vector<std::vector<ir::NodeId>> data_preds;         // per node: its data predecessors on this rank
   std::vector<int> consumers;                              // per node: its data successors on this rank
   std::unique_ptr<StreamThreads> threads;

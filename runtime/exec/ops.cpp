@@ -165,7 +165,7 @@ void Executor::Impl::global_norm() {
   double sq = 0;
   for (auto& [stage, sp] : params) {
     sp->sum_sequence_grads();  // final before they are counted
-    sq += sp->grad_square_sum(view.replica == 0);
+    if (!view.stages.at(stage).is_copy) sq += sp->grad_square_sum(view.replica == 0);  // a `mirror` copy: counted by the other
   }
   comm.all_reduce_sum(&sq, 1, everyone(comm), kNormChannel);
   grad_norm = std::sqrt(sq);
@@ -223,6 +223,10 @@ void Executor::Impl::run_op(NodeId v) {
     case Op::AllReduce:
       if (n.payload == ir::Payload::Tied) return sum_tied(n.bucket);
       if (n.payload == ir::Payload::Norm) return global_norm();
+      if (n.payload == ir::Payload::Copy) {
+        if (!drop_copy_sums) params_of(n).sum_copies(view.stages.at(n.stage).copy_group, kMirrorChannel);
+        return;
+      }
       return params_of(n).all_reduce(static_cast<size_t>(n.bucket));
     case Op::ReduceScatter: return params_of(n).reduce_scatter(static_cast<size_t>(n.bucket), n.microbatch);
     case Op::AllGather:

@@ -331,6 +331,21 @@ void StageParams::all_reduce(size_t bucket) {
   comm_.all_reduce_sum(grad_.data_ptr<float>() + b.begin, static_cast<size_t>(b.size()), view_.dp_group, kReplicaChannel);
 }
 
+// `mirror` (ALLREDUCE_C): the whole gradient summed with the stage's other copy (ZeRO 0: grad_ is whole).
+void StageParams::sum_copies(const std::vector<int>& group, int channel) {
+  comm_.all_reduce_sum(grad_.data_ptr<float>(), static_cast<size_t>(grad_.numel()), group, channel);
+}
+
+// How far this copy's parameters are from the other copy's: the sum over the pair of +p (the stage's
+// own) and -p (the copy) is exactly zero where the two are bit-identical (x + -x == 0 for finite x).
+double StageParams::copy_divergence(const std::vector<int>& group, int channel, bool is_copy) {
+  torch::NoGradGuard no_grad;
+  MemScope scope(MemCategory::Comm);
+  torch::Tensor diff = is_copy ? -flat_ : flat_.clone();
+  comm_.all_reduce_sum(diff.data_ptr<float>(), static_cast<size_t>(diff.numel()), group, channel);
+  return diff.numel() == 0 ? 0.0 : diff.abs().max().item<double>();
+}
+
 void StageParams::reduce_scatter(size_t bucket, int32_t mb) {
   const ir::Range b = view_.facts->replication.buckets[bucket];
   torch::Tensor source;

@@ -101,6 +101,7 @@ class StepReporter {
       by_category[mem_category_name(static_cast<MemCategory>(c))] = mem.at_peak[fullest][static_cast<size_t>(c)];
     std::string norm_key = r.grad_norm >= 0 ? fmt::format("\"grad_norm\":{:.9g},", r.grad_norm) : "";
     if (r.val_loss >= 0) norm_key += fmt::format("\"val_loss\":{:.9g},\"eval_s\":{:.6f},", r.val_loss, r.eval_seconds);
+    if (r.copy_diff >= 0) norm_key += fmt::format("\"copy_diff\":{:.9g},", r.copy_diff);
     if (r.ring_bytes > 0) norm_key += fmt::format("\"ring_bytes\":{},", r.ring_bytes);  // rank 0's
     metrics_ << fmt::format("{{\"step\":{},\"loss\":{:.9g},\"lr\":{:.9g},{}\"tokens_per_s\":{:.1f},\"step_s\":{:.6f},"
                             "\"peak_mem_bytes\":{},\"peak_tensor_bytes\":{},\"peak_tensor_bytes_by_rank\":[{}],"
@@ -138,6 +139,11 @@ void run_steps(const TrainOptions& o, Executor& ex, Communicator& comm, int64_t 
   std::vector<std::pair<int64_t, StepResult>> spans;
   for (int64_t s = first; s < o.steps; ++s) {
     StepResult r = ex.step(s);
+    if (o.check_copies) {
+      arm(s, "comparing the stages' copies");
+      r.copy_diff = ex.copy_divergence();
+      watch.disarm();
+    }
     if (val && ((s + 1) % o.eval_every == 0 || s + 1 == o.steps)) {
       const auto t0 = std::chrono::steady_clock::now();
       r.val_loss = ex.evaluate(*val, o.eval_batches);

@@ -29,6 +29,7 @@ struct TrainOptions {
   int64_t save_every = 0;
   bool progress = false;           // a progress bar between rank 0's step lines (a terminal of its own)
   bool accept_changes = false;     // --resume may change the optimizer's recipe (said, not refused)
+  bool check_copies = false;       // `mirror`: compare each stage's two copies after every step (metrics copy_diff)
 };
 
 // Runs the job on this rank. Returns the exit status of an error every rank saw alike (rank 0 prints

@@ -52,6 +52,22 @@ void context_group(const Mesh& mesh, int rank, RankView& v, StageView& sv) {
   v.groups.insert({sv.cp_group, sequence_channel(sv.stage)});
 }
 
+// `mirror`: the stage's two copies, at its coordinate and the mirrored one (other coordinates equal).
+void copy_group(const ir::PlanFacts& f, int rank, RankView& v, StageView& sv) {
+  if (!sv.facts->copied()) return;
+  const auto along = f.mesh.group_along(rank, f.pipeline_axis);
+  sv.copy_group = {along.at(static_cast<size_t>(sv.facts->coord)), along.at(static_cast<size_t>(sv.facts->copy_coord))};
+  std::sort(sv.copy_group.begin(), sv.copy_group.end());
+  sv.is_copy = f.mesh.coord(rank, f.pipeline_axis) == sv.facts->copy_coord;
+  v.groups.insert({sv.copy_group, kMirrorChannel});
+}
+
+void stage_groups(const ir::PlanFacts& f, int rank, RankView& v, StageView& sv) {
+  tensor_group(f.mesh, rank, v, sv);
+  context_group(f.mesh, rank, v, sv);
+  copy_group(f, rank, v, sv);
+}
+
 // `on stream comm sms N` (facts.stream_sms): the group and channel of each collective this rank runs on
 // a limited stream get that limit (the smallest, when streams with different limits share one).
 void limited_groups(const sched::Plan& p, const std::vector<int>& everyone, RankView& v) {
@@ -70,6 +86,9 @@ void limited_groups(const sched::Plan& p, const std::vector<int>& everyone, Rank
       case ir::Payload::Dispatch:
       case ir::Payload::Combine:
         if (st != v.stages.end() && !st->second.experts.empty()) key = {st->second.experts.begin()->second.group, expert_channel(x.stream)};
+        break;
+      case ir::Payload::Copy:
+        if (st != v.stages.end()) key = {st->second.copy_group, kMirrorChannel};
         break;
       case ir::Payload::Tied:
         if (auto t = v.ties.find(x.bucket); t != v.ties.end()) key = {t->second.group, kTieChannel};
@@ -151,8 +170,7 @@ RankView make_rank_view(const sched::Plan& p, int rank, int world, int max_tag) 
       for (int32_t r : f.mesh.group_along(rank, e.axis)) ex.group.push_back(r);
       sv.experts[e.segment] = std::move(ex);
     }
-    tensor_group(f.mesh, rank, v, sv);
-    context_group(f.mesh, rank, v, sv);
+    stage_groups(f, rank, v, sv);
     v.stages.emplace(x.stage, std::move(sv));
   }
   expert_groups(p, v);

@@ -14,7 +14,7 @@ namespace piper::runtime {
 
 // Communicator channels: independent sequences of collectives on one group (see communicator.h).
 enum Channel : int { kReplicaChannel = 1, kRuntimeChannel = 2, kHashChannel = 3, kExpertChannel = 4, kTieChannel = 5,
-               kNormChannel = 6, kTensorChannel = 7 };
+               kNormChannel = 6, kTensorChannel = 7, kMirrorChannel = 10 };
 // Tensor parallelism sums partials from inside the pieces of each stage in that stage's program
 // order; a channel per stage keeps two stages of a rank (a V's chunks) apart.
 inline int tensor_channel(int32_t stage) { return kTensorChannel + 16 * (stage + 1); }
@@ -55,6 +55,10 @@ struct StageView {
   std::vector<int> tp_group;
   std::vector<int> cp_group;  // context parallelism: the stage's group along its cp axis (empty: none)
   bool tp_leader = true;  // RankView::tp_leader
+  // `mirror`: the ranks holding the stage's two copies (ascending; empty when it has one), and
+  // whether this rank holds the copy (its gradients are then counted once, by the other).
+  std::vector<int> copy_group;
+  bool is_copy = false;
 };
 
 struct RankView {

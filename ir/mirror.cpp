@@ -1,0 +1,83 @@
+// Pass 8, mirror: under `mirror` a stage is held twice (place put the copy's microbatches and an
+// update of its own at the mirrored coordinate), and the two copies stay equal only if both step
+// with the same gradient: the sum of what each computed from its half of the microbatches. Per
+// copied stage, one ALLREDUCE_C at each copy sums the stage's whole gradient between the two, once
+// it is final there (after the copy's backwards, or its data-parallel reductions) and before that
+// copy's update. Sums commute with the data-parallel mean, as the tie pass's do.
+//
+// Two copies sum on a stream of their own (a rank's collectives with one partner in one sequence),
+// in stage order on every rank: ranks r and n-1-r share two stages' sums, and each must call them
+// in the same order. What `mirror` does not compose with is refused here, at the directive.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+
+#include "ir/pass.h"
+
+namespace piper::ir {
+
+namespace {
+const Directive* mirror_directive(const CheckedStrategy& s) {
+  for (const Directive& d : s.directives)
+    if (std::holds_alternative<MirrorDirective>(d.body)) return &d;
+  return nullptr;
+}
+
+// The copies are summed as whole dense gradients: ZeRO's shards, experts held by one rank of a
+// group and tied tensors summed across stages would each need a sum of their own.
+bool composable(LowerContext& c, const Directive& at) {
+  for (size_t s = 0; s < c.graph.facts.stages.size(); ++s) {
+    const StageFacts& st = c.graph.facts.stages[s];
+    std::string why;
+    if (st.replication.zero > 0) why = fmt::format("stage {} is replicated with zero({})", s, st.replication.zero);
+    else if (!st.experts.empty()) why = fmt::format("stage {} holds sharded experts", s);
+    for (const TieFacts& t : c.graph.facts.ties)
+      if (why.empty() && std::find(t.stages.begin(), t.stages.end(), static_cast<int32_t>(s)) != t.stages.end())
+        why = fmt::format("stage {} holds a tied parameter that another stage holds too", s);
+    if (why.empty()) continue;
+    auto& e = c.diags.error(at.loc, fmt::format("a mirrored pipeline sums the copies' whole gradients, but {}", why));
+    e.note(SourceLoc{}, "mirror composes with plain data parallelism (`replicate ... over dp;`), tensor and context "
+                        "parallelism; not yet with ZeRO, experts or tied parameters across stages");
+    for (const Note& n : at.used_from) e.notes.push_back(n);
+    return false;
+  }
+  return true;
+}
+}  // namespace
+
+void mirror_pass(LowerContext& c) {
+  Graph& g = c.graph;
+  if (g.facts.mirror_from < 0) return;
+  if (const Directive* at = mirror_directive(c.strategy); at && !composable(c, *at)) {
+    c.failed = true;
+    return;
+  }
+  const StreamId stream = g.stream("mirror");
+  const int32_t grads = g.tensor("param_grads");
+  // Per update (one per copy): what its gradients come from, as the earlier passes wired it.
+  std::map<NodeId, std::vector<NodeId>> feeds;
+  for (size_t k = 0; k < g.edges.size(); ++k) {
+    const Edge& e = g.edges[k];
+    if (e.kind == EdgeKind::Data && g.nodes[static_cast<size_t>(e.dst)].op == Op::U &&
+        g.stage(g.nodes[static_cast<size_t>(e.dst)].stage).copied())
+      feeds[e.dst].push_back(e.src);
+  }
+  // In stage order (not node order: place added the copies' updates after every stage's own).
+  std::vector<std::pair<int32_t, NodeId>> updates;
+  for (const auto& [u, srcs] : feeds) updates.emplace_back(g.nodes[static_cast<size_t>(u)].stage, u);
+  std::sort(updates.begin(), updates.end());
+  std::map<GroupId, NodeId> last_on;  // per copy's ranks: the previous sum there
+  for (const auto& [stage, u] : updates) {
+    const Node up = g.nodes[static_cast<size_t>(u)];
+    const NodeId sum = g.add(Node{.op = Op::AllReduce, .payload = Payload::Copy, .flags = kBackward, .stream = stream,
+                                  .stage = up.stage, .microbatch = -1, .chunk = up.chunk, .ranks = up.ranks,
+                                  .axis = g.facts.pipeline_axis, .bytes = g.stage(up.stage).dense_elems * 4});
+    for (NodeId src : feeds[u]) g.connect(src, sum, EdgeKind::Data, 0, grads);
+    g.connect(sum, u, EdgeKind::Data, 0, grads);
+    if (auto prev = last_on.find(up.ranks); prev != last_on.end()) g.connect(prev->second, sum, EdgeKind::Temporal);
+    last_on[up.ranks] = sum;
+  }
+}
+
+}  // namespace piper::ir
