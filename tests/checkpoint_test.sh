@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checkpoints under mpirun. Saved by 1F1B × ZeRO-3 (pp=2 × dp=2, 4 ranks) after 3 of 6 steps:
 # resumed by the same strategy the losses are bit-identical to the uninterrupted run's; resumed by
-# single (1 rank), ZeRO-1 (dp=2) and DualPipeV (pp=2) they are within 1e-5. A checkpoint saved by
+# single (1 rank), ZeRO-1 (dp=2), DualPipeV and DualPipe (pp=2, its copies equal; and saved by it,
+# back to single) they are within 1e-5. A checkpoint saved by
 # plain DP loads into ZeRO-3 shards. Corrupt, partial and mismatched checkpoints are refused with
 # a clear message; a save that died half-way is ignored. --save-model writes a model.pt that
 # PyTorch loads (trainable parameters, the trained values) and piper-run trains from. Tensor-parallel
@@ -45,6 +46,13 @@ same_losses full.jsonl zero1.jsonl 4 1e-5 "resharded to ZeRO-1 dp=2"
 piper 2 dpv.txt dualpipev.piper --set pp=2 --set mb=4 --steps 6 --resume "$tmp/ck" --metrics "$tmp/dpv.jsonl" ||
   fail "reshard to dualpipev: $(cat "$tmp/dpv.txt")"
 same_losses full.jsonl dpv.jsonl 4 1e-5 "resharded to DualPipeV pp=2"
+# Into full DualPipe (each stage held twice: both copies load it) and, saved by it, back to single.
+piper 2 dp2.txt dualpipe.piper --set pp=2 --set mb=4 --steps 5 --resume "$tmp/ck" --checkpoint "$tmp/ck_mirror" \
+  --check-copies --metrics "$tmp/dp2.jsonl" || fail "reshard to dualpipe: $(cat "$tmp/dp2.txt")"
+grep -q '"copy_diff":0,' "$tmp/dp2.jsonl" && ! grep -q '"copy_diff":[1-9]' "$tmp/dp2.jsonl" ||
+  fail "dualpipe's copies equal after resuming: $(cat "$tmp/dp2.jsonl")"
+piper 1 back.txt single.piper --steps 6 --resume "$tmp/ck_mirror" --metrics "$tmp/back.jsonl" || fail "dualpipe -> single: $(cat "$tmp/back.txt")"
+same_losses full.jsonl back.jsonl 6 1e-5 "saved by DualPipe (mirrored stages), resumed by single"
 
 # Saved by plain DP (each replica whole, replica 0 writes), loaded into ZeRO-3 shards.
 piper 2 dp.txt dp.piper --set dp=2 --steps 3 --checkpoint "$tmp/ck_dp" || fail "dp checkpoint: $(cat "$tmp/dp.txt")"
