@@ -28,6 +28,17 @@ done
 grep -q 'OVERLAP_F_B' "$tmp/dualpipev.out" || fail "dualpipev: no overlapped pair written back"
 grep -q ',,' "$root/tests/torch_csv/interleaved_1f1b_pp2_mb4.csv" || fail "interleaved_1f1b: torch's idle cells are gone"
 
+# A mirrored pipeline (full DualPipe): a rank's line holds its copies' tasks too; what dualpipe.piper
+# emits, read back by `order from` under the same placement, emits the same file.
+"$check" "$gpt" "$root/strategies/dualpipe.piper" --set pp=4 --set mb=8 --emit torch-csv -o "$tmp/dualpipe.csv" 2>"$tmp/err" ||
+  { fail "dualpipe: does not check"; cat "$tmp/err"; }
+printf 'mesh pp = 4;\nsplit batch into 8;\nplace embed on pp = 0;\nplace layers[*] over pp;\nplace head on pp = 3;\nmirror over pp;\norder from "dualpipe.csv";\n' \
+  >"$tmp/dualpipe_from.piper"
+"$check" "$gpt" "$tmp/dualpipe_from.piper" --emit torch-csv -o "$tmp/dualpipe.back" 2>"$tmp/err" ||
+  { fail "dualpipe's CSV read back: does not check"; cat "$tmp/err"; }
+diff -q "$tmp/dualpipe.csv" "$tmp/dualpipe.back" >/dev/null || fail "dualpipe's CSV read back emits another schedule"
+grep -q '^0F0,0F1,0F2,3F4,' "$tmp/dualpipe.csv" || fail "dualpipe: rank 0 does not run its copy of stage 3: $(head -1 "$tmp/dualpipe.csv")"
+
 # The library's interleaved_zb.piper is torch's ScheduleInterleavedZeroBubble, action for action, over
 # pp, v and mb (gpt1b's 24 layers cut into pp × v stages).
 for csv in "$root"/tests/torch_csv/interleaved_zb_pp*_v*_mb*.csv; do
