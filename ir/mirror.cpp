@@ -3,7 +3,8 @@
 // with the same gradient: the sum of what each computed from its half of the microbatches. Per
 // copied stage, one ALLREDUCE_C at each copy sums the stage's whole gradient between the two, once
 // it is final there (after the copy's backwards, or its data-parallel reductions) and before that
-// copy's update. Sums commute with the data-parallel mean, as the tie pass's do.
+// copy's update. Sums commute with the data-parallel mean, as the tie pass's do. A parameter tied
+// across stages is not summed again: the tie pass summed it over every copy of every holder.
 //
 // Two copies sum on a stream of their own (a rank's collectives with one partner in one sequence),
 // in stage order on every rank: ranks r and n-1-r share two stages' sums, and each must call them
@@ -24,25 +25,31 @@ const Directive* mirror_directive(const CheckedStrategy& s) {
   return nullptr;
 }
 
-// The copies are summed as whole dense gradients: ZeRO's shards, experts held by one rank of a
-// group and tied tensors summed across stages would each need a sum of their own.
+// The copies are summed as whole dense gradients: ZeRO's shards and experts held by one rank of a
+// group would each need a sum of their own.
 bool composable(LowerContext& c, const Directive& at) {
   for (size_t s = 0; s < c.graph.facts.stages.size(); ++s) {
     const StageFacts& st = c.graph.facts.stages[s];
     std::string why;
     if (st.replication.zero > 0) why = fmt::format("stage {} is replicated with zero({})", s, st.replication.zero);
     else if (!st.experts.empty()) why = fmt::format("stage {} holds sharded experts", s);
-    for (const TieFacts& t : c.graph.facts.ties)
-      if (why.empty() && std::find(t.stages.begin(), t.stages.end(), static_cast<int32_t>(s)) != t.stages.end())
-        why = fmt::format("stage {} holds a tied parameter that another stage holds too", s);
     if (why.empty()) continue;
     auto& e = c.diags.error(at.loc, fmt::format("a mirrored pipeline sums the copies' whole gradients, but {}", why));
     e.note(SourceLoc{}, "mirror composes with plain data parallelism (`replicate ... over dp;`), tensor and context "
-                        "parallelism; not yet with ZeRO, experts or tied parameters across stages");
+                        "parallelism and tied parameters; not yet with ZeRO or sharded experts");
     for (const Note& n : at.used_from) e.notes.push_back(n);
     return false;
   }
   return true;
+}
+// A tie held by several stages is summed over all their copies by the tie pass, which runs first
+// (its sum is among what an update waits for); the copies' sum leaves those ranges alone.
+int64_t summed_elems(const Graph& g, int32_t stage) {
+  int64_t n = g.stage(stage).dense_elems;
+  for (const TiedSlot& t : g.stage(stage).tied)
+    for (const TieFacts& tf : g.facts.ties)
+      if (tf.tie == t.tie) n -= t.range.size();
+  return n;
 }
 }  // namespace
 
@@ -72,7 +79,7 @@ void mirror_pass(LowerContext& c) {
     const Node up = g.nodes[static_cast<size_t>(u)];
     const NodeId sum = g.add(Node{.op = Op::AllReduce, .payload = Payload::Copy, .flags = kBackward, .stream = stream,
                                   .stage = up.stage, .microbatch = -1, .chunk = up.chunk, .ranks = up.ranks,
-                                  .axis = g.facts.pipeline_axis, .bytes = g.stage(up.stage).dense_elems * 4});
+                                  .axis = g.facts.pipeline_axis, .bytes = summed_elems(g, up.stage) * 4});
     for (NodeId src : feeds[u]) g.connect(src, sum, EdgeKind::Data, 0, grads);
     g.connect(sum, u, EdgeKind::Data, 0, grads);
     if (auto prev = last_on.find(up.ranks); prev != last_on.end()) g.connect(prev->second, sum, EdgeKind::Temporal);

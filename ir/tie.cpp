@@ -9,6 +9,7 @@
 // its shards are the same elements in every copy and the tie sums shards.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -64,26 +65,81 @@ bool same_replication(LowerContext& c, const TieFacts& tf) {
 }
 }  // namespace
 
+namespace {
+// What the tie pass reads of the graph, per stage and the ranks holding it (a `mirror` copy's own).
+struct Holders {
+  std::map<std::pair<int32_t, GroupId>, NodeId> update;
+  std::map<std::pair<int32_t, GroupId>, std::vector<NodeId>> producers, reductions;
+  explicit Holders(const Graph& g) {
+    for (NodeId v = 0; v < NodeId(g.nodes.size()); ++v) {
+      const Node& n = g.nodes[static_cast<size_t>(v)];
+      if (n.stage < 0) continue;
+      const auto key = std::make_pair(n.stage, n.ranks);
+      if (n.op == Op::U) update[key] = v;
+      if (n.op == Op::B || n.op == Op::BW) producers[key].push_back(v);
+      if (n.payload == Payload::Grad) reductions[key].push_back(v);
+    }
+  }
+};
+
+// The pipeline coordinates holding a stage: its own and, under `mirror`, its copy's.
+std::vector<int64_t> coords_of(const StageFacts& st) {
+  if (st.copied()) return {st.coord, st.copy_coord};
+  return {st.coord};
+}
+
+// One tie's sum at one pipeline coordinate: the copies in the stages held there (`here`), each
+// final after its reductions or backwards on these ranks, summed before each of their updates.
+NodeId sum_at(LowerContext& c, const Holders& h, int32_t t, int64_t coord, const std::vector<int32_t>& here) {
+  Graph& g = c.graph;
+  const GroupId ranks = g.group(g.facts.mesh.ranks_at(g.facts.pipeline_axis, coord));
+  const int32_t grads = g.tensor("param_grads");
+  const StageFacts& first = g.stage(here.front());
+  const Replication& rep = first.replication;
+  const Range range = tied_slot(first, t)->range;
+  const TiedParam& canon = c.manifest.ties[static_cast<size_t>(t)].members.front();
+  const int64_t elem =
+      dtype_bytes(c.manifest.regions[static_cast<size_t>(canon.region)].params[static_cast<size_t>(canon.index)].dtype);
+  // With ZeRO each rank sums only its shard of the tied bucket.
+  const int64_t elems = rep.axis >= 0 && rep.zero >= 1 ? (range.size() + rep.ways - 1) / rep.ways : range.size();
+  const Node& u = g.nodes[static_cast<size_t>(h.update.at({here.front(), ranks}))];
+  const NodeId tie = g.add(Node{.op = Op::AllReduce, .payload = Payload::Tied, .flags = kBackward,
+                                .stream = g.stream("tie"), .stage = here.front(), .microbatch = -1, .chunk = u.chunk,
+                                .bucket = t, .ranks = ranks, .axis = g.facts.pipeline_axis, .bytes = elems * elem});
+  auto at = [&](const auto& m, int32_t s) {
+    static const std::vector<NodeId> none;
+    const auto it = m.find(std::make_pair(s, ranks));
+    return it == m.end() ? none : it->second;
+  };
+  for (int32_t s : here) {
+    const StageFacts& st = g.stage(s);
+    const Range r = tied_slot(st, t)->range;
+    // The copy's gradient is final here after its bucket's reductions, or (not replicated)
+    // after every backward that writes it.
+    if (st.replication.axis >= 0) {
+      for (NodeId v : at(h.reductions, s))
+        if (overlaps(st.replication.buckets[static_cast<size_t>(g.nodes[static_cast<size_t>(v)].bucket)], r))
+          g.connect(v, tie, EdgeKind::Data, 0, grads);
+    } else {
+      for (NodeId v : at(h.producers, s))
+        if (g.segment_of(g.nodes[static_cast<size_t>(v)]).touches(r)) g.connect(v, tie, EdgeKind::Data, 0, grads);
+    }
+    g.connect(tie, h.update.at({s, ranks}), EdgeKind::Data, elems * elem, grads);
+  }
+  return tie;
+}
+}  // namespace
+
 void tie_pass(LowerContext& c) {
   Graph& g = c.graph;
   // Its own stream, because the sum waits for ranks at other pipeline coordinates: on the stream of
   // the stage's reductions it would hold back the gathers and reductions queued behind it there,
   // which those very ranks may be waiting for (ZeRO-3 under 1F1B deadlocks so). And on that stream
   // one rank's ties run in tie order, as every rank's calls on a group must match.
-  const StreamId stream = g.stream("tie");
+  g.stream("tie");  // interned here, tie or not: stream ids stay those of plans without ties
   std::map<int64_t, NodeId> last_at;  // per pipeline coordinate: the previous tie's node
-  const int32_t grads = g.tensor("param_grads");
+  const Holders h(g);
   const size_t stages = g.facts.stages.size();
-  std::vector<NodeId> update(stages, -1);
-  std::vector<std::vector<NodeId>> producers(stages), reductions(stages);
-  for (NodeId v = 0; v < NodeId(g.nodes.size()); ++v) {
-    const Node& n = g.nodes[static_cast<size_t>(v)];
-    if (n.stage < 0) continue;
-    const size_t s = static_cast<size_t>(n.stage);
-    if (n.op == Op::U) update[s] = v;
-    if (n.op == Op::B || n.op == Op::BW) producers[s].push_back(v);
-    if (n.payload == Payload::Grad) reductions[s].push_back(v);
-  }
   for (int32_t t = 0; t < int32_t(c.manifest.ties.size()); ++t) {
     TieFacts tf;
     tf.tie = t;
@@ -91,7 +147,7 @@ void tie_pass(LowerContext& c) {
     for (size_t s = 0; s < stages; ++s)
       if (tied_slot(g.facts.stages[s], t)) {
         tf.stages.push_back(static_cast<int32_t>(s));
-        coords.insert(g.facts.stages[s].coord);
+        for (int64_t k : coords_of(g.facts.stages[s])) coords.insert(k);
       }
     if (tf.stages.size() < 2) continue;  // one stage lays the tensor out once: nothing to keep in sync
     if (!same_replication(c, tf)) {
@@ -100,37 +156,12 @@ void tie_pass(LowerContext& c) {
     }
     tf.coords.assign(coords.begin(), coords.end());
     for (int64_t coord : tf.coords) {
-      std::vector<int32_t> here;
-      for (int32_t s : tf.stages)
-        if (g.stage(s).coord == coord) here.push_back(s);
-      const StageFacts& first = g.stage(here.front());
-      const Replication& rep = first.replication;
-      const Range range = tied_slot(first, t)->range;
-      const TiedParam& canon = c.manifest.ties[static_cast<size_t>(t)].members.front();
-      const int64_t elem =
-          dtype_bytes(c.manifest.regions[static_cast<size_t>(canon.region)].params[static_cast<size_t>(canon.index)].dtype);
-      // With ZeRO each rank sums only its shard of the tied bucket.
-      const int64_t elems = rep.axis >= 0 && rep.zero >= 1 ? (range.size() + rep.ways - 1) / rep.ways : range.size();
-      const Node& u = g.nodes[static_cast<size_t>(update[static_cast<size_t>(here.front())])];
-      const NodeId tie = g.add(Node{.op = Op::AllReduce, .payload = Payload::Tied, .flags = kBackward,
-                                    .stream = stream, .stage = here.front(),
-                                    .microbatch = -1, .chunk = u.chunk, .bucket = t, .ranks = u.ranks,
-                                    .axis = g.facts.pipeline_axis, .bytes = elems * elem});
-      for (int32_t s : here) {
-        const StageFacts& st = g.stage(s);
-        const Range r = tied_slot(st, t)->range;
-        // The copy's gradient is final here after its bucket's reductions, or (not replicated)
-        // after every backward that writes it.
-        if (st.replication.axis >= 0) {
-          for (NodeId v : reductions[static_cast<size_t>(s)])
-            if (overlaps(st.replication.buckets[static_cast<size_t>(g.nodes[static_cast<size_t>(v)].bucket)], r))
-              g.connect(v, tie, EdgeKind::Data, 0, grads);
-        } else {
-          for (NodeId v : producers[static_cast<size_t>(s)])
-            if (g.segment_of(g.nodes[static_cast<size_t>(v)]).touches(r)) g.connect(v, tie, EdgeKind::Data, 0, grads);
-        }
-        g.connect(tie, update[static_cast<size_t>(s)], EdgeKind::Data, elems * elem, grads);
+      std::vector<int32_t> here;  // the stages holding a copy at this coordinate (their own or `mirror`'s)
+      for (int32_t s : tf.stages) {
+        const auto held = coords_of(g.stage(s));
+        if (std::find(held.begin(), held.end(), coord) != held.end()) here.push_back(s);
       }
+      const NodeId tie = sum_at(c, h, t, coord, here);
       if (auto prev = last_at.find(coord); prev != last_at.end()) g.connect(prev->second, tie, EdgeKind::Temporal);
       last_at[coord] = tie;
     }

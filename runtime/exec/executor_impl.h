@@ -108,6 +108,7 @@ struct Executor::Impl {
   void send(ir::NodeId v);
   void recv(ir::NodeId v);
   void sum_tied(int32_t tie);
+  void sum_copies(int32_t stage);
   void global_norm();
   void run(ir::NodeId v);
   void run_op(ir::NodeId v);

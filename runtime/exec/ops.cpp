@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "runtime/device/memory_counter.h"
@@ -159,6 +160,17 @@ void Executor::Impl::sum_tied(int32_t tie) {
   for (size_t i = 1; i < grads.size(); ++i) grads[i].copy_(grads[0]);
 }
 
+// ALLREDUCE_C (`mirror`): the stage's gradient summed with its other copy's, all but the parameters
+// tied across stages, which ALLREDUCE_T already summed over every copy of every holder.
+void Executor::Impl::sum_copies(int32_t stage) {
+  if (drop_copy_sums) return;  // the equivalence test's negative control
+  std::vector<ir::Range> skip;
+  for (const ir::TiedSlot& t : g.stage(stage).tied)
+    if (view.ties.count(t.tie)) skip.push_back(t.range);
+  std::sort(skip.begin(), skip.end(), [](const ir::Range& a, const ir::Range& b) { return a.begin < b.begin; });
+  params.at(stage)->sum_copies(view.stages.at(stage).copy_group, kMirrorChannel, skip);
+}
+
 // ALLREDUCE_N: every rank's share of the squared global norm (what it owns, each parameter once over
 // all ranks) summed over everyone; the scale is torch's clip_grad_norm_'s, max / (norm + 1e-6) at most 1.
 void Executor::Impl::global_norm() {
@@ -223,10 +235,7 @@ void Executor::Impl::run_op(NodeId v) {
     case Op::AllReduce:
       if (n.payload == ir::Payload::Tied) return sum_tied(n.bucket);
       if (n.payload == ir::Payload::Norm) return global_norm();
-      if (n.payload == ir::Payload::Copy) {
-        if (!drop_copy_sums) params_of(n).sum_copies(view.stages.at(n.stage).copy_group, kMirrorChannel);
-        return;
-      }
+      if (n.payload == ir::Payload::Copy) return sum_copies(n.stage);
       return params_of(n).all_reduce(static_cast<size_t>(n.bucket));
     case Op::ReduceScatter: return params_of(n).reduce_scatter(static_cast<size_t>(n.bucket), n.microbatch);
     case Op::AllGather:

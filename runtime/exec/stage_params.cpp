@@ -331,9 +331,18 @@ void StageParams::all_reduce(size_t bucket) {
   comm_.all_reduce_sum(grad_.data_ptr<float>() + b.begin, static_cast<size_t>(b.size()), view_.dp_group, kReplicaChannel);
 }
 
-// `mirror` (ALLREDUCE_C): the whole gradient summed with the stage's other copy (ZeRO 0: grad_ is whole).
-void StageParams::sum_copies(const std::vector<int>& group, int channel) {
-  comm_.all_reduce_sum(grad_.data_ptr<float>(), static_cast<size_t>(grad_.numel()), group, channel);
+// `mirror` (ALLREDUCE_C): the gradient summed with the stage's other copy (ZeRO 0: grad_ is whole),
+// but for `skip` (ascending, disjoint: ties across stages, which their own sum completed).
+void StageParams::sum_copies(const std::vector<int>& group, int channel, const std::vector<ir::Range>& skip) {
+  int64_t at = 0;
+  auto sum = [&](int64_t end) {
+    if (end > at) comm_.all_reduce_sum(grad_.data_ptr<float>() + at, static_cast<size_t>(end - at), group, channel);
+  };
+  for (const ir::Range& r : skip) {
+    sum(r.begin);
+    at = r.end;
+  }
+  sum(grad_.numel());
 }
 
 // How far this copy's parameters are from the other copy's: the sum over the pair of +p (the stage's

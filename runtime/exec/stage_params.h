@@ -77,7 +77,8 @@ class StageParams {
   void end_backward(const ir::Segment& piece);
   // Collectives of the stage's replication, by bucket (or ZeRO-3 unit).
   void all_reduce(size_t bucket);
-  void sum_copies(const std::vector<int>& group, int channel);  // `mirror`: with the other copy of the stage
+  // `mirror`: with the other copy of the stage, but for `skip` (tied ranges their own sum completed)
+  void sum_copies(const std::vector<int>& group, int channel, const std::vector<ir::Range>& skip);
   double copy_divergence(const std::vector<int>& group, int channel, bool is_copy);  // 0: bit-identical copies
   void reduce_scatter(size_t bucket, int32_t mb);  // mb -1: once per step (ZeRO-1)
   void all_gather(size_t bucket);                  // ZeRO-1/2: updated parameters, after the update
