@@ -1,7 +1,8 @@
 // Pass 8, mirror: under `mirror` a stage is held twice (place put the copy's microbatches and an
 // update of its own at the mirrored coordinate), and the two copies stay equal only if both step
 // with the same gradient: the sum of what each computed from its half of the microbatches. Per
-// copied stage, one ALLREDUCE_C at each copy sums the stage's whole gradient between the two, once
+// copied stage, one ALLREDUCE_C at each copy sums the stage's gradient between the two (what each
+// member steps: with ZeRO-1/2 its shards, the same elements in both copies), once
 // it is final there (after the copy's backwards, or its data-parallel reductions) and before that
 // copy's update. Sums commute with the data-parallel mean, as the tie pass's do. A parameter tied
 // across stages is not summed again: the tie pass summed it over every copy of every holder.
@@ -25,18 +26,19 @@ const Directive* mirror_directive(const CheckedStrategy& s) {
   return nullptr;
 }
 
-// The copies are summed as whole dense gradients: ZeRO's shards and experts held by one rank of a
+// The copies sum what their members step: whole gradients, or (ZeRO-1/2) each member its shards,
+// the same elements in both copies. ZeRO-3's per-use gathers and experts held by one rank of a
 // group would each need a sum of their own.
 bool composable(LowerContext& c, const Directive& at) {
   for (size_t s = 0; s < c.graph.facts.stages.size(); ++s) {
     const StageFacts& st = c.graph.facts.stages[s];
     std::string why;
-    if (st.replication.zero > 0) why = fmt::format("stage {} is replicated with zero({})", s, st.replication.zero);
+    if (st.replication.zero == 3) why = fmt::format("stage {} is replicated with zero(3)", s);
     else if (!st.experts.empty()) why = fmt::format("stage {} holds sharded experts", s);
     if (why.empty()) continue;
-    auto& e = c.diags.error(at.loc, fmt::format("a mirrored pipeline sums the copies' whole gradients, but {}", why));
-    e.note(SourceLoc{}, "mirror composes with plain data parallelism (`replicate ... over dp;`), tensor and context "
-                        "parallelism and tied parameters; not yet with ZeRO or sharded experts");
+    auto& e = c.diags.error(at.loc, fmt::format("a mirrored pipeline sums the copies' gradients as their members step them, but {}", why));
+    e.note(SourceLoc{}, "mirror composes with data parallelism (plain, ZeRO-1 and ZeRO-2), tensor and context "
+                        "parallelism and tied parameters; not yet with ZeRO-3 or sharded experts");
     for (const Note& n : at.used_from) e.notes.push_back(n);
     return false;
   }
@@ -45,11 +47,13 @@ bool composable(LowerContext& c, const Directive& at) {
 // A tie held by several stages is summed over all their copies by the tie pass, which runs first
 // (its sum is among what an update waits for); the copies' sum leaves those ranges alone.
 int64_t summed_elems(const Graph& g, int32_t stage) {
-  int64_t n = g.stage(stage).dense_elems;
-  for (const TiedSlot& t : g.stage(stage).tied)
+  const StageFacts& st = g.stage(stage);
+  int64_t n = st.dense_elems;
+  for (const TiedSlot& t : st.tied)
     for (const TieFacts& tf : g.facts.ties)
       if (tf.tie == t.tie) n -= t.range.size();
-  return n;
+  const Replication& rep = st.replication;
+  return rep.axis >= 0 && rep.zero > 0 ? (n + rep.ways - 1) / rep.ways : n;  // ZeRO: a member's shards
 }
 }  // namespace
 

@@ -331,9 +331,19 @@ void StageParams::all_reduce(size_t bucket) {
   comm_.all_reduce_sum(grad_.data_ptr<float>() + b.begin, static_cast<size_t>(b.size()), view_.dp_group, kReplicaChannel);
 }
 
-// `mirror` (ALLREDUCE_C): the gradient summed with the stage's other copy (ZeRO 0: grad_ is whole),
-// but for `skip` (ascending, disjoint: ties across stages, which their own sum completed).
+// `mirror` (ALLREDUCE_C): the gradient summed with the stage's other copy, but for `skip` (ascending,
+// disjoint: ties across stages, which their own sum completed). ZeRO 0: grad_ is whole; ZeRO-1/2:
+// this member's shard of each bucket, which the copy's member at the same coordinate also holds.
 void StageParams::sum_copies(const std::vector<int>& group, int channel, const std::vector<ir::Range>& skip) {
+  if (view_.zero() > 0) {
+    const auto& buckets = view_.facts->replication.buckets;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      if (std::find(skip.begin(), skip.end(), buckets[b]) != skip.end()) continue;  // a tie: a bucket of its own
+      torch::Tensor& shard = shard_grad_[grad_shard_of_[b]];
+      comm_.all_reduce_sum(shard.data_ptr<float>(), static_cast<size_t>(shard.numel()), group, channel);
+    }
+    return;
+  }
   int64_t at = 0;
   auto sum = [&](int64_t end) {
     if (end > at) comm_.all_reduce_sum(grad_.data_ptr<float>() + at, static_cast<size_t>(end - at), group, channel);
