@@ -20,12 +20,6 @@
 namespace piper::ir {
 
 namespace {
-const Directive* mirror_directive(const CheckedStrategy& s) {
-  for (const Directive& d : s.directives)
-    if (std::holds_alternative<MirrorDirective>(d.body)) return &d;
-  return nullptr;
-}
-
 // The copies sum what their members step: whole gradients, or (ZeRO-1/2) each member its shards,
 // the same elements in both copies. ZeRO-3's per-use gathers and experts held by one rank of a
 // group would each need a sum of their own.
@@ -60,7 +54,7 @@ int64_t summed_elems(const Graph& g, int32_t stage) {
 void mirror_pass(LowerContext& c) {
   Graph& g = c.graph;
   if (g.facts.mirror_from < 0) return;
-  if (const Directive* at = mirror_directive(c.strategy); at && !composable(c, *at)) {
+  if (const Directive* at = c.strategy.mirror(); at && !composable(c, *at)) {
     c.failed = true;
     return;
   }

@@ -144,12 +144,13 @@ struct CheckedStrategy {
   int64_t axis_size(std::string_view axis) const { return mesh.size(axis); }  // 1 for an axis not in the mesh
   int pipeline_axis_index() const { return mesh.index(pipeline_axis); }  // -1 without a pipeline
   int64_t replicas() const { return mesh.replicas(pipeline_axis_index()); }
-  // `mirror`: the first microbatch the stages' copies run (-1: no copies).
-  int64_t mirror_from() const {
+  // `mirror`: its directive (nullptr: none), and the first microbatch the stages' copies run (-1: no copies).
+  const Directive* mirror() const {
     for (const Directive& d : directives)
-      if (std::holds_alternative<MirrorDirective>(d.body)) return microbatches / 2;
-    return -1;
+      if (std::holds_alternative<MirrorDirective>(d.body)) return &d;
+    return nullptr;
   }
+  int64_t mirror_from() const { return mirror() ? microbatches / 2 : -1; }
   // The pipeline coordinate a stage's task for a microbatch runs at (its copy's, under `mirror`).
   int64_t task_coord(int64_t stage, int64_t microbatch) const {
     const int64_t c = stages.at(static_cast<size_t>(stage)).coord, from = mirror_from();

@@ -116,11 +116,7 @@ void Checker::finish_placement() {
 // `mirror over AXIS`: the copies sit on the pipeline axis and take half the microbatches each.
 void Checker::finish_mirror() {
   if (!mirror_loc_.valid()) return;
-  const auto* d = [&]() -> const MirrorDirective* {
-    for (const Directive& x : out_.directives)
-      if (const auto* m = std::get_if<MirrorDirective>(&x.body)) return m;
-    return nullptr;
-  }();
+  const auto* d = &std::get<MirrorDirective>(out_.mirror()->body);
   if (out_.pipeline_axis.empty()) {
     diags_.error(mirror_loc_, "nothing is placed over a pipeline axis, so there are no stages to mirror")
         .note(SourceLoc{}, fmt::format("place the stages first, e.g. `place layers[*] over {};`", d->axis));

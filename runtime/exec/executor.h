@@ -62,8 +62,9 @@ class Executor {
   // Sum and sum of squares of every model parameter (each counted once across replicas), the same
   // on every rank: compared with the reference trainer's to show the final weights agree.
   std::pair<double, double> param_checksum();
-  // `mirror`: the largest difference between a stage's two copies' parameters over every rank (0:
-  // bit-identical, as they must be); -1 when the plan has no copies. Every rank calls it.
+  // `mirror`: each rank's largest difference between a stage's two copies' parameters, summed over
+  // every rank (0 only if every pair is bit-identical, as it must be); -1 when the plan has no copies.
+  // Every rank calls it.
   double copy_divergence();
   // Checkpoints (runtime/checkpoint.h): every rank calls these. save_checkpoint writes the state
   // after `steps_done` steps under DIR and returns the checkpoint's path; load_checkpoint fills this
