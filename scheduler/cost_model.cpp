@@ -142,6 +142,8 @@ std::optional<Machine> parse_machine(FileId file, const SourceManager& sources, 
       return fail("\"calibration\": expected {\"F\": factor, \"B\": factor, \"U\": factor}, each positive");
     if (c.contains("collective") && !(number(c, "collective", m.calibration.collective, true) && m.calibration.collective >= 0))
       return fail("\"calibration\": \"collective\" is the seconds added to each collective, zero or more");
+    if (c.contains("p2p") && !(number(c, "p2p", m.calibration.p2p, true) && m.calibration.p2p >= 0))
+      return fail("\"calibration\": \"p2p\" is the seconds added to each pipeline handoff, zero or more");
   }
   if (j.contains("roofline"))
     if (std::string why = parse_roofline(j["roofline"], m); !why.empty()) return fail(why);
@@ -500,7 +502,8 @@ double CostModel::cost(const ir::Graph& g, const ir::Node& n, int64_t group_size
   const double b = static_cast<double>(n.bytes);
   if (n.op == Op::Send || n.op == Op::Broadcast) {
     const Link& l = link_for(g.axis_name(n.axis), on_network(g, n), false);
-    return l.latency + b / l.bandwidth;
+    // A handoff's calibrated seconds: what a stage waiting for one measured beyond the link.
+    return (n.op == Op::Send ? m.calibration.p2p : 0) + l.latency + b / l.bandwidth;
   }
   switch (n.op) {
     case Op::AllReduce:

@@ -65,9 +65,11 @@ struct Machine {
   // regions' times are multiplied by inside a step. B applies to BI and BW too. `collective`: the
   // seconds each collective takes beyond the link's formula when the executor issues it (handed to
   // its stream's thread, waited for without spinning), from a ZeRO-3 step's per-layer collectives.
+  // `p2p`: the seconds a pipeline handoff that a stage waits for takes beyond the link's formula
+  // (the transfer as the progress thread completes it, the consumer's wake-up), from a 1F1B step.
   struct Calibration {
     double F = 1, B = 1, U = 1;
-    double collective = 0;
+    double collective = 0, p2p = 0;
   } calibration;
 };
 

@@ -55,7 +55,32 @@ double cost_of(const Plan& p, const std::string& token) {
   FAIL("no node " << token);
   return 0;
 }
+// 1F1B x ZeRO-3 (pp=2, both sends and collectives) priced by the profiled machine with collectives
+// measured and `calibration` added to its calibration ("" for none).
+std::optional<Plan> zero3_pipeline(Planner& f, const std::string& calibration) {
+  std::string text = profiled_machine(R"(, "collectives": {"bandwidth": 1e9, "latency": 1e-5})");
+  text.replace(text.find("\"U\": 1}"), 7, "\"U\": 1" + calibration + "}");
+  return compile(f, "use \"1f1b_zero3.piper\";\n", text);
+}
+// Between the same plan priced without and with a calibration: every collective costs `collective`
+// seconds more, every send `send` more (the plan has both).
+void check_added(const Plan& plain, const Plan& calibrated, double collective, double send) {
+  int collectives_seen = 0, sends_seen = 0;
+  for (const ir::Node& n : plain.dag.nodes) {
+    const double before = plain.costs.cost(plain.dag, n, 2), after = calibrated.costs.cost(calibrated.dag, n, 2);
+    if (n.op == ir::Op::AllGather || n.op == ir::Op::ReduceScatter || n.op == ir::Op::AllReduce) {
+      CHECK(after == doctest::Approx(before + collective));
+      ++collectives_seen;
+    } else if (n.op == ir::Op::Send) {
+      CHECK(after == doctest::Approx(before + send));
+      ++sends_seen;
+    }
+  }
+  CHECK(collectives_seen > 0);
+  CHECK(sends_seen > 0);
+}
 }  // namespace
+
 
 TEST_CASE("measured region times price each piece: the sum of its regions at its microbatch size, calibrated") {
   Planner f("gpt8");
@@ -103,36 +128,28 @@ TEST_CASE("a measured line below zero or a calibration that is not positive is r
   CHECK(g.errors().find("\"calibration\"") != std::string::npos);
 }
 
-TEST_CASE("the calibrated collective time is added to every collective, not to point-to-point messages") {
-  const std::string collectives = R"(, "collectives": {"bandwidth": 1e9, "latency": 1e-5})";
-  auto with = [&](const std::string& cal) {
-    std::string text = profiled_machine(collectives);
-    text.replace(text.find("\"U\": 1}"), 7, "\"U\": 1" + cal + "}");
-    return text;
-  };
+TEST_CASE("the calibrated collective time is added to every collective, the handoff time to every send") {
   Planner f("gpt8");
-  auto plain = compile(f, "use \"1f1b_zero3.piper\";\n", with(""));
+  auto plain = zero3_pipeline(f, "");
   REQUIRE_MESSAGE(plain, f.errors());
-  Planner g("gpt8");
-  auto calibrated = compile(g, "use \"1f1b_zero3.piper\";\n", with(R"(, "collective": 0.003)"));
-  REQUIRE_MESSAGE(calibrated, g.errors());
-  int collectives_seen = 0, sends_seen = 0;
-  for (size_t v = 0; v < plain->dag.nodes.size(); ++v) {
-    const ir::Node& n = plain->dag.nodes[v];
-    const double before = plain->costs.cost(plain->dag, n, 2), after = calibrated->costs.cost(calibrated->dag, n, 2);
-    if (n.op == ir::Op::AllGather || n.op == ir::Op::ReduceScatter || n.op == ir::Op::AllReduce) {
-      CHECK(after == doctest::Approx(before + 0.003));
-      ++collectives_seen;
-    } else if (n.op == ir::Op::Send) {
-      CHECK(after == before);
-      ++sends_seen;
-    }
+  struct Case {
+    const char *key, *error;
+    double collective, send;
+  };
+  for (const Case& c : {Case{"collective", "\"collective\" is the seconds added to each collective", 0.003, 0},
+                        Case{"p2p", "\"p2p\" is the seconds added to each pipeline handoff", 0, 0.002}}) {
+    CAPTURE(c.key);
+    Planner g("gpt8");
+    auto calibrated = zero3_pipeline(g, fmt::format(R"(, "{}": {})", c.key, c.collective + c.send));
+    REQUIRE_MESSAGE(calibrated, g.errors());
+    check_added(*plain, *calibrated, c.collective, c.send);
+    // 1F1B's first forward of the last stage and its first backward of the first wait for a handoff
+    // each: the step takes at least two of them longer.
+    if (c.send > 0) CHECK(calibrated->schedule.step_time >= plain->schedule.step_time + 2 * c.send - 1e-9);
+    Planner h("gpt8");
+    CHECK_FALSE(zero3_pipeline(h, fmt::format(R"(, "{}": -1)", c.key)).has_value());
+    CHECK(h.errors().find(c.error) != std::string::npos);
   }
-  CHECK(collectives_seen > 0);
-  CHECK(sends_seen > 0);
-  Planner h("gpt8");
-  CHECK_FALSE(compile(h, "use \"1f1b_zero3.piper\";\n", with(R"(, "collective": -1)")).has_value());
-  CHECK(h.errors().find("\"collective\" is the seconds added to each collective") != std::string::npos);
 }
 
 // The machine file reaches the balanced cut through the plan compiler (the cut pass), once parsed,

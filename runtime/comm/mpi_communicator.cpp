@@ -34,13 +34,16 @@ void check(int rc, const char* what) {
 // taking the core a rank's compute (or a peer rank sharing the node) needs, so every call here is
 // nonblocking and one progress thread per rank tests what is outstanding; the stream threads that
 // wait sleep on a condition variable. Between rounds of tests the thread sleeps, 2 us at first and
-// doubling up to kMaxSleep while nothing completes; a new request or a completion starts it over.
+// doubling up to a cap while nothing completes; a new request or a completion starts it over.
 // Each test also drives MPI's progress (rendezvous handshakes, a nonblocking collective's rounds),
 // so the cap bounds the latency a round can add. One poller, not one per waiting stream: measured
 // on 1F1B pp=2 (2 cores), each stream polling on its own with a 20 us cap ran at 1.8k tokens/s,
 // with 200 us at 6-7k, with 1 ms at 8.4k. Each poll that lands while the rank computes preempts its
 // compute thread (1F1B: ~250 preemptions a step); while only receives are outstanding the thread
-// therefore runs as SCHED_IDLE (set_idle), polling on cores that would idle anyway.
+// therefore runs as SCHED_IDLE (set_idle), polling on cores that would idle anyway. Where it can,
+// the cap is 20 us, not 1 ms: a handoff a stage waited for then delays it 96 us on average, not
+// 294 (1F1B pp=2; a collective's excess 0.2-0.3 ms, not 0.35-0.5), at the same throughput
+// (bench/progress_bench.sh, docs/runtime.md).
 class Progress {
  public:
   // `allow_idle`: this node has a core for each of its ranks. Oversubscribed, a waiting rank's core
@@ -107,7 +110,8 @@ class Progress {
   bool idle_ = false, can_idle_ = true;
   bool allow_idle_ = true;
   pid_t tid_ = 0;  // the progress thread's
-  static constexpr long kMinSleepNs = 2'000, kMaxSleepNs = 1'000'000;
+  static constexpr long kMinSleepNs = 2'000, kShortCapNs = 20'000, kLongCapNs = 1'000'000;
+  long max_sleep_ns_ = kLongCapNs;
 
   void loop() {
     prctl(PR_SET_TIMERSLACK, 1000UL);  // ns; the default 50 us would stretch the short sleeps
@@ -116,6 +120,10 @@ class Progress {
       tid_ = static_cast<pid_t>(syscall(SYS_gettid));
       const char* off = std::getenv("PIPER_PROGRESS_IDLE");  // "0": never idle (to measure the difference)
       can_idle_ = allow_idle_ && !(off && std::string(off) == "0") && idle_is_reversible();
+      // With a core per rank and idle priority at hand the short cap; else a poll preempts compute.
+      max_sleep_ns_ = can_idle_ ? kShortCapNs : kLongCapNs;
+      if (const char* cap = std::getenv("PIPER_PROGRESS_MAX_SLEEP_US"))  // to compare caps (progress_bench.sh)
+        max_sleep_ns_ = std::clamp(std::atol(cap), 2L, 100'000L) * 1000;
     }
     long sleep = kMinSleepNs;
     std::unique_lock lk(mu_);
@@ -143,7 +151,7 @@ class Progress {
       set_idle(std::all_of(pending_.begin(), pending_.end(), [](const Pending* p) { return p->receive; }));
       const uint64_t seen = posted_;
       if (work_.wait_for(lk, std::chrono::nanoseconds(sleep), [&] { return stop_ || posted_ != seen; })) sleep = kMinSleepNs;
-      else sleep = std::min(2 * sleep, kMaxSleepNs);
+      else sleep = std::min(2 * sleep, max_sleep_ns_);
     }
   }
 

@@ -7,7 +7,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "runtime/job/clock_offset.h"
+#include "runtime/profile/clock_offset.h"
 #include "runtime/view/rank_view.h"
 
 namespace piper::runtime {

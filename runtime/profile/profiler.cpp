@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "runtime/exec/chunk_runner.h"
@@ -13,6 +14,7 @@
 #include "runtime/model/region_model.h"
 #include "runtime/model/region_model_impl.h"
 #include "runtime/exec/stage_params.h"
+#include "runtime/profile/handoffs.h"
 #include "lang/frontend.h"
 
 namespace piper::runtime {
@@ -401,37 +403,64 @@ std::string from_rank0(Communicator& comm, std::string text) {
   return out;
 }
 
-// A plan over every rank (4 microbatches of 2 samples each), priced by `machine`.
-sched::Plan calibration_plan(const std::string& model_path, const std::string& replicate, const std::string& machine, int ranks) {
+// A plan of `strategy` over every rank for a batch of `batch` samples, priced by `machine`; on a
+// strategy the model cannot take, nothing and the errors in *error.
+std::optional<sched::Plan> calibration_plan(const std::string& model_path, const std::string& strategy, int64_t batch,
+                                            const std::string& machine, int ranks, std::string* error) {
   SourceManager sources;
   DiagnosticEngine diags(sources);
   auto model = load_model(model_path, sources, diags);
   sched::PlanOptions po;
   po.cmd.np = ranks;
-  po.cmd.batch_size = 8 * ranks;
+  po.cmd.batch_size = batch;
   po.machine_text = machine;
   sched::PlanResult r;
-  if (model.manifest) {
-    const FileId id = sources.add("<calibration>", fmt::format("mesh dp = {};\nsplit batch into 4;\n{}\n", ranks, replicate));
-    r = sched::compile_plan(id, *model.manifest, po, sources, diags);
-  }
-  if (!r.plan) throw std::runtime_error("calibration plan: " + sched::render_errors(r, diags) + model.io_error);
-  return std::move(*r.plan);
+  if (model.manifest) r = sched::compile_plan(sources.add("<calibration>", strategy), *model.manifest, po, sources, diags);
+  if (!r.plan) *error = "calibration plan: " + sched::render_errors(r, diags) + model.io_error;
+  return std::move(r.plan);
+}
+
+// Data parallelism over every rank, 4 microbatches of 2 samples each, replicated as `replicate`.
+sched::Plan dp_plan(const std::string& model_path, const std::string& replicate, const std::string& machine, int ranks) {
+  std::string error;
+  auto plan = calibration_plan(model_path, fmt::format("mesh dp = {};\nsplit batch into 4;\n{}\n", ranks, replicate), 8 * ranks,
+                               machine, ranks, &error);
+  if (!plan) throw std::runtime_error(error);
+  return std::move(*plan);
+}
+
+// 1F1B over every rank, the model cut into as many stages by cost, 8 microbatches of 2 samples:
+// the handoffs a pipeline waits for. Nothing where the model has fewer pipeline regions than ranks.
+std::optional<sched::Plan> pipeline_plan(const std::string& model_path, const std::string& machine, int ranks) {
+  std::string error;
+  return calibration_plan(model_path,
+                          fmt::format("mesh pp = {0};\nsplit batch into 8;\nplace * over pp balanced;\n"
+                                      "order fwd(s, i) -> fwd(s, i + 1);\norder bwd(s, i) -> bwd(s, i + 1);\n"
+                                      "order bwd(s, i) -> fwd(s, i + {0} - s);\n",
+                                      ranks),
+                          16, machine, ranks, &error);
 }
 }  // namespace
 
 std::string profile_and_calibrate(const std::string& model_path, const TokenData& data, Communicator& comm, const ProfileOptions& o) {
   std::string machine = from_rank0(comm, profile_machine(model_path, comm, o));
   // Compute: a data-parallel step on every rank, priced by what was just measured and then run.
-  machine = from_rank0(comm, calibrate_machine(machine, calibration_plan(model_path, "replicate * over dp;", machine, comm.size()),
+  machine = from_rank0(comm, calibrate_machine(machine, dp_plan(model_path, "replicate * over dp;", machine, comm.size()),
                                                model_path, data, comm, 4,
                                                fmt::format("dp over {} ranks, 4 microbatches of 2 samples", comm.size())));
   if (comm.size() < 2) return comm.rank() == 0 ? machine : "";
   // Then the collectives as the executor issues them: ZeRO-3 gathers and reduce-scatters every layer
   // of every microbatch, priced by the machine calibrated so far.
-  const auto zero3 = calibration_plan(model_path, "replicate * over dp zero 3 prefetch 0;", machine, comm.size());
-  return calibrate_machine(machine, zero3, model_path, data, comm, 4,
-                           fmt::format("ZeRO-3 over {} ranks, 4 microbatches of 2 samples", comm.size()), Calibrate::Collectives);
+  const auto zero3 = dp_plan(model_path, "replicate * over dp zero 3 prefetch 0;", machine, comm.size());
+  machine = from_rank0(comm, calibrate_machine(machine, zero3, model_path, data, comm, 4,
+                                               fmt::format("ZeRO-3 over {} ranks, 4 microbatches of 2 samples", comm.size()),
+                                               Calibrate::Collectives));
+  // Last the handoffs a pipeline waits for, priced by everything calibrated before (every rank
+  // compiles the same text, so all agree whether the model can be cut into as many stages).
+  const auto pipeline = pipeline_plan(model_path, machine, comm.size());
+  if (!pipeline) return comm.rank() == 0 ? machine : "";
+  return calibrate_machine(machine, *pipeline, model_path, data, comm, 4,
+                           fmt::format("1F1B over {} ranks, 8 microbatches of 2 samples", comm.size()), Calibrate::Handoffs);
 }
 
 std::string calibrate_machine(const std::string& machine_json, const sched::Plan& plan, const std::string& model_path,
@@ -461,20 +490,28 @@ std::string calibrate_machine(const std::string& machine_json, const sched::Plan
       t[size_t(2 * k + 1)] += (steps - 1) * (plan.schedule.finish[v] - plan.schedule.start[v]);
       if (k == 3) t[8] += steps - 1;
     }
+  std::vector<StepResult> ran;
   for (int s = 0; s < steps; ++s) {
-    const StepResult r = ex.step(s);
+    StepResult r = ex.step(s);
     if (s == 0) continue;  // the first step allocates what the others reuse
     for (const OpSpan& op : r.ops)
       if (auto n = ir::parse_token(op.token))
         if (int k = slot(n->op); k >= 0) t[size_t(2 * k)] += op.end - op.start;
+    ran.push_back(std::move(r));
   }
   Group group(comm);
   group.sum(t);
+  const HandoffWaits waits = what == Calibrate::Handoffs ? handoff_waits(plan, ran, comm) : HandoffWaits{};
   if (comm.rank() != 0) return "";
   json m = json::parse(machine_json);
   auto ratio = [&](int k) { return t[size_t(2 * k + 1)] > 0 ? t[size_t(2 * k)] / t[size_t(2 * k + 1)] : 1.0; };
   if (what == Calibrate::Compute) {
     m["calibration"] = {{"F", ratio(0)}, {"B", ratio(1)}, {"U", ratio(2)}, {"measured_on", described}};
+  } else if (what == Calibrate::Handoffs) {
+    // The simulated sends were priced with this machine's calibration so far (none added).
+    const double extra = waits.count > 0 ? std::max(0.0, waits.excess / double(waits.count)) : 0.0;
+    m["calibration"]["p2p"] = m["calibration"].value("p2p", 0.0) + extra;
+    m["calibration"]["p2p_measured_on"] = fmt::format("{}: {} handoffs waited for", described, waits.count);
   } else {
     // The simulated collectives were priced with this machine's calibration so far (none added).
     const double extra = t[8] > 0 ? std::max(0.0, (t[6] - t[7]) / t[8]) : 0.0;

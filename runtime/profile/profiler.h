@@ -1,6 +1,7 @@
 // Measures this machine for the simulator (`piper-run --profile FILE`): every pipeline region's F, B,
 // BI and BW at a few microbatch sizes, the optimizer step per parameter byte, point-to-point and
-// all-reduce time per message and per byte — written as a machine description the scheduler reads.
+// all-reduce time per message and per byte, then calibrated inside executed steps — written as a
+// machine description the scheduler reads.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -33,14 +34,17 @@ std::string profile_machine(const std::string& model_path, Communicator& comm, c
 // summed over ranks. Compute: per chunk kind (F, B, U) measured over simulated time, what the cost
 // model multiplies the regions' times by. Collectives: the seconds per collective by which the
 // measured ones exceed the simulated ones (zero or more), what the cost model adds to each.
-enum class Calibrate { Compute, Collectives };
+// Handoffs (`plan` a pipeline without replicas): the seconds by which a handoff a stage waited for
+// delayed it beyond the simulated send (handoffs.h), what the cost model adds to each send.
+enum class Calibrate { Compute, Collectives, Handoffs };
 std::string calibrate_machine(const std::string& machine_json, const sched::Plan& plan, const std::string& model_path,
                               const TokenData& data, Communicator& comm, int steps, const std::string& described,
                               Calibrate what = Calibrate::Compute);
 
 // The whole protocol of `piper-run --profile`: the profile, then a data-parallel step over every rank
-// to calibrate compute, then (two ranks or more) a ZeRO-3 step to calibrate collectives, every rank
-// running the plans priced by rank 0's figures. Rank 0 returns the calibrated machine description,
+// to calibrate compute, then (two ranks or more) a ZeRO-3 step to calibrate collectives and a 1F1B
+// pipeline over every rank to calibrate handoffs (where the model has a pipeline region a rank),
+// every rank running the plans priced by rank 0's figures. Rank 0 returns the calibrated machine description,
 // the others an empty string.
 std::string profile_and_calibrate(const std::string& model_path, const TokenData& data, Communicator& comm,
                                   const ProfileOptions& o);

@@ -1,4 +1,4 @@
-#include "runtime/job/clock_offset.h"
+#include "runtime/profile/clock_offset.h"
 
 #include <algorithm>
 #include <chrono>
@@ -42,6 +42,7 @@ std::vector<double> clock_offsets(Communicator& comm, const HostMap& hosts, int 
     }
   }
   if (me != 0) std::fill(offsets.begin(), offsets.end(), 0.0);  // rank 0 holds the measurements
+  comm.prepare_group(everyone(comm), kHashChannel);  // (again where a caller did: no harm)
   comm.all_reduce_sum(offsets.data(), offsets.size(), everyone(comm), kHashChannel);
   return offsets;
 }
