@@ -2,7 +2,7 @@
 // update of its own at the mirrored coordinate), and the two copies stay equal only if both step
 // with the same gradient: the sum of what each computed from its half of the microbatches. Per
 // copied stage, one ALLREDUCE_C at each copy sums the stage's gradient between the two (what each
-// member steps: with ZeRO-1/2 its shards, the same elements in both copies), once
+// member steps: with ZeRO its shards, the same elements in both copies), once
 // it is final there (after the copy's backwards, or its data-parallel reductions) and before that
 // copy's update. Sums commute with the data-parallel mean, as the tie pass's do. A parameter tied
 // across stages is not summed again: the tie pass summed it over every copy of every holder.
@@ -20,19 +20,18 @@
 namespace piper::ir {
 
 namespace {
-// The copies sum what their members step: whole gradients, or (ZeRO-1/2) each member its shards,
-// the same elements in both copies. ZeRO-3's per-use gathers and experts held by one rank of a
-// group would each need a sum of their own.
+// The copies sum what their members step: whole gradients, or (ZeRO) each member its shards, the
+// same elements in both copies (ZeRO-3 gathers each copy's parameters from its own members' shards,
+// which stay equal). Experts held by one rank of a group would need a sum of their own.
 bool composable(LowerContext& c, const Directive& at) {
   for (size_t s = 0; s < c.graph.facts.stages.size(); ++s) {
     const StageFacts& st = c.graph.facts.stages[s];
     std::string why;
-    if (st.replication.zero == 3) why = fmt::format("stage {} is replicated with zero(3)", s);
-    else if (!st.experts.empty()) why = fmt::format("stage {} holds sharded experts", s);
+    if (!st.experts.empty()) why = fmt::format("stage {} holds sharded experts", s);
     if (why.empty()) continue;
     auto& e = c.diags.error(at.loc, fmt::format("a mirrored pipeline sums the copies' gradients as their members step them, but {}", why));
-    e.note(SourceLoc{}, "mirror composes with data parallelism (plain, ZeRO-1 and ZeRO-2), tensor and context "
-                        "parallelism and tied parameters; not yet with ZeRO-3 or sharded experts");
+    e.note(SourceLoc{}, "mirror composes with data parallelism (plain and ZeRO-1/2/3), tensor and context "
+                        "parallelism and tied parameters; not yet with sharded experts");
     for (const Note& n : at.used_from) e.notes.push_back(n);
     return false;
   }

@@ -81,9 +81,10 @@ TEST_CASE("the memory model predicts every rank's measured peak within 10%, for 
       {"interleaved_1f1b.piper", 2, {"pp=2", "v=2", "mb=4"}},
       {"zb1p.piper", 2, {"pp=2", "mb=4"}},
       {"dualpipev.piper", 2, {"pp=2", "mb=4"}},
-      // Full DualPipe: every stage held twice (`mirror`), with ZeRO-2 each copy's members their shards.
+      // Full DualPipe: every stage held twice (`mirror`), with ZeRO-2/3 each copy's members their shards.
       {"dualpipe.piper", 2, {"pp=2", "mb=4"}},
       {"../tests/strategies/dualpipe_zero2.piper", 4, {"pp=2", "dp=2", "mb=4"}},
+      {"../tests/strategies/dualpipe_zero3.piper", 4, {"pp=2", "dp=2", "mb=4"}},
       {"1f1b_dp.piper", 4, {"pp=2", "dp=2", "mb=2"}},
       {"1f1b_zero2.piper", 4, {"pp=2", "dp=2", "mb=2"}},
       {"1f1b_zero3.piper", 4, {"pp=2", "dp=2", "mb=2"}},

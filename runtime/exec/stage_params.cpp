@@ -357,12 +357,17 @@ void StageParams::sum_copies(const std::vector<int>& group, int channel, const s
 
 // How far this copy's parameters are from the other copy's: the sum over the pair of +p (the stage's
 // own) and -p (the copy) is exactly zero where the two are bit-identical (x + -x == 0 for finite x).
+// Under ZeRO-3 the parameters live as shards (each member the same elements in both copies).
 double StageParams::copy_divergence(const std::vector<int>& group, int channel, bool is_copy) {
   torch::NoGradGuard no_grad;
   MemScope scope(MemCategory::Comm);
-  torch::Tensor diff = is_copy ? -flat_ : flat_.clone();
-  comm_.all_reduce_sum(diff.data_ptr<float>(), static_cast<size_t>(diff.numel()), group, channel);
-  return diff.numel() == 0 ? 0.0 : diff.abs().max().item<double>();
+  double most = 0;
+  for (const torch::Tensor& held : view_.zero() == 3 ? shard_param_ : std::vector<torch::Tensor>{flat_}) {
+    torch::Tensor diff = is_copy ? -held : held.clone();
+    comm_.all_reduce_sum(diff.data_ptr<float>(), static_cast<size_t>(diff.numel()), group, channel);
+    if (diff.numel() > 0) most = std::max(most, diff.abs().max().item<double>());
+  }
+  return most;
 }
 
 void StageParams::reduce_scatter(size_t bucket, int32_t mb) {
