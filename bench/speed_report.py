@@ -73,7 +73,7 @@ for stage in sorted({k[0] for k in b}):
         print(f"   stage {stage}: B {b[(stage, 'B')]:.1f}   BI {bi:.1f} + BW {bw:.1f} = {bi + bw:.1f}   "
               f"{(bi + bw) / b[(stage, 'B')]:.3f}x B")
 
-print("3. idle fraction of the compute streams (mean over ranks; measured: median step of the last round's trace)")
+print("3. idle fraction of the compute streams (mean over ranks; measured: median step of the last round's trace, over the step's span on all ranks, as simulated)")
 
 
 def union(iv):  # total length of the union of intervals
@@ -86,16 +86,23 @@ def union(iv):  # total length of the union of intervals
 
 
 def idle_measured(name):
+    """Per rank, 1 - its compute time over the step: as the simulator counts it (step time - busy),
+    the step running from the first op of any rank to the last of any (the trace's one time axis),
+    so a rank that finishes early idles until the step ends."""
     ev = spans(name)
     per_rank = []
+    steps = sorted({e["args"]["step"] for e in ev})
+    span = {}
+    for step in steps:
+        ops = [e for e in ev if e["args"]["step"] == step]
+        span[step] = max(e["ts"] + e["dur"] for e in ops) - min(e["ts"] for e in ops)
     for rank in sorted({e["pid"] for e in ev}):
         fr = []
-        for step in sorted({e["args"]["step"] for e in ev}):
-            ops = [e for e in ev if e["pid"] == rank and e["args"]["step"] == step]
-            comp = [(e["ts"], e["ts"] + e["dur"]) for e in ops if e["tid"] == "compute"]
+        for step in steps:
+            comp = [(e["ts"], e["ts"] + e["dur"]) for e in ev
+                    if e["pid"] == rank and e["args"]["step"] == step and e["tid"] == "compute"]
             if comp:
-                span = max(e["ts"] + e["dur"] for e in ops) - min(e["ts"] for e in ops)
-                fr.append(1 - union(comp) / span)
+                fr.append(1 - union(comp) / span[step])
         per_rank.append(statistics.median(fr))
     return statistics.mean(per_rank)
 
