@@ -431,14 +431,14 @@ sched::Plan dp_plan(const std::string& model_path, const std::string& replicate,
 
 // 1F1B over every rank, the model cut into as many stages by cost, 8 microbatches of 2 samples:
 // the handoffs a pipeline waits for. Nothing where the model has fewer pipeline regions than ranks.
-std::optional<sched::Plan> pipeline_plan(const std::string& model_path, const std::string& machine, int ranks) {
-  std::string error;
+std::optional<sched::Plan> pipeline_plan(const std::string& model_path, const std::string& machine, int ranks,
+                                         std::string* error) {
   return calibration_plan(model_path,
                           fmt::format("mesh pp = {0};\nsplit batch into 8;\nplace * over pp balanced;\n"
                                       "order fwd(s, i) -> fwd(s, i + 1);\norder bwd(s, i) -> bwd(s, i + 1);\n"
                                       "order bwd(s, i) -> fwd(s, i + {0} - s);\n",
                                       ranks),
-                          16, machine, ranks, &error);
+                          16, machine, ranks, error);
 }
 }  // namespace
 
@@ -457,8 +457,14 @@ std::string profile_and_calibrate(const std::string& model_path, const TokenData
                                                Calibrate::Collectives));
   // Last the handoffs a pipeline waits for, priced by everything calibrated before (every rank
   // compiles the same text, so all agree whether the model can be cut into as many stages).
-  const auto pipeline = pipeline_plan(model_path, machine, comm.size());
-  if (!pipeline) return comm.rank() == 0 ? machine : "";
+  std::string why;
+  const auto pipeline = pipeline_plan(model_path, machine, comm.size(), &why);
+  if (!pipeline) {  // the machine file says why sends carry no calibration
+    if (comm.rank() != 0) return "";
+    json m = json::parse(machine);
+    m["calibration"]["p2p_measured_on"] = "not measured: " + why.substr(0, why.find('\n'));
+    return m.dump(2) + "\n";
+  }
   return calibrate_machine(machine, *pipeline, model_path, data, comm, 4,
                            fmt::format("1F1B over {} ranks, 8 microbatches of 2 samples", comm.size()), Calibrate::Handoffs);
 }
