@@ -41,16 +41,18 @@ struct Unit {  // what is scheduled at once: one node, or an overlap group's mem
   std::vector<NodeId> nodes;
 };
 
-// A candidate's rank: earliest start, then priority, microbatch, stage and node (a strict order, so
-// the schedule is deterministic).
+// A candidate's rank: earliest start, then turn, priority, microbatch, stage and node (a strict
+// order, so the schedule is deterministic). `turn` is 1 for a piece of a `||` window's task whose
+// task also ran last on the resource: of two tasks' pieces ready together the other goes first.
 struct Best {
   double est;
   int prio;
   int32_t mb, stage;
   NodeId node;
   int32_t res;
+  int turn = 0;
   bool operator<(const Best& o) const {
-    return std::tie(est, prio, mb, stage, node) < std::tie(o.est, o.prio, o.mb, o.stage, o.node);
+    return std::tie(est, turn, prio, mb, stage, node) < std::tie(o.est, o.turn, o.prio, o.mb, o.stage, o.node);
   }
 };
 
@@ -162,6 +164,7 @@ class ListScheduler {
   std::optional<Schedule> run() {
     assign_resources();
     if (!overlaps_share_resources()) return std::nullopt;
+    number_window_tasks();
     anchor_gathers();
     price_pieces();
     for (size_t v = 0; v < n_; ++v) pending_[v] = adj_.in_offsets[v + 1] - adj_.in_offsets[v];
@@ -277,6 +280,21 @@ class ListScheduler {
         if (auto it = forwards.find({x.stage, x.microbatch, x.segment}); it != forwards.end()) recomputed_[v] = it->second;
   }
 
+  // The pieces of a `||` pair's tasks take turns when both are ready, as DualPipe's overlapped
+  // chunk alternates them: one task's piece computes while the other's exchange (issued in that
+  // same alternating order on its stream) is in flight. Left to priority, a backward's pieces would
+  // all run first and queue the forward's exchanges behind the backward's on a shared stream, with
+  // nothing left to compute beside them. Per node: its task's number, or -1 outside windows.
+  void number_window_tasks() {
+    const std::vector<int32_t> group = overlap_task_groups(g_);
+    std::map<std::tuple<Op, int32_t, int32_t>, int32_t> number;
+    window_task_.assign(n_, -1);
+    for (size_t v = 0; v < n_; ++v)
+      if (const Node& x = g_.nodes[v]; group[v] >= 0)
+        window_task_[v] = number.emplace(std::make_tuple(x.op, x.stage, x.microbatch), int32_t(number.size())).first->second;
+    last_task_.assign(resources_.size(), -1);
+  }
+
   int64_t group_size(const Node& x) const {
     if (x.payload == ir::Payload::Tied)  // the ranks at the pipeline coordinates that hold copies
       for (const auto& t : g_.facts.ties)
@@ -304,7 +322,8 @@ class ListScheduler {
     }
     const int32_t r = resource_[at(v)];
     ready_[static_cast<size_t>(r)].push(Best{ready_at_[at(v)], priority(x.op), x.microbatch, x.stage, v, r},
-                                        x.overlap < 0 && anchor_[at(v)] < 0 && x.payload != ir::Payload::Norm);
+                                        x.overlap < 0 && anchor_[at(v)] < 0 && x.payload != ir::Payload::Norm &&
+                                            window_task_[at(v)] < 0);
   }
 
   // A candidate is schedulable when it (and every overlap partner) is ready.
@@ -339,7 +358,8 @@ class ListScheduler {
               t = std::max(t, s_.finish[at(before.back())]);
         }
         const Node& x = g_.nodes[at(v)];
-        Best b{t, priority(x.op), x.microbatch, x.stage, v, static_cast<int32_t>(r)};
+        const int turn = window_task_[at(v)] >= 0 && window_task_[at(v)] == last_task_[r] && x.overlap < 0;
+        Best b{t, priority(x.op), x.microbatch, x.stage, v, static_cast<int32_t>(r), turn};
         if (!best || b < *best) best = b;
       }
     }
@@ -374,6 +394,7 @@ class ListScheduler {
       done_[at(m)] = true;
       order_[static_cast<size_t>(best.res)].push_back(m);
       rlist.remove(m);
+      if (window_task_[at(m)] >= 0) last_task_[static_cast<size_t>(best.res)] = window_task_[at(m)];
     }
     for (NodeId m : u.nodes) release_successors(m, finish);
     return u.nodes.size();
@@ -459,6 +480,7 @@ class ListScheduler {
   std::vector<bool> done_;
   std::vector<std::vector<NodeId>> order_;                   // per resource, as scheduled
   std::vector<NodeId> anchor_, recomputed_;                  // a gather's entry piece; a B's recomputed F
+  std::vector<int32_t> window_task_, last_task_;             // per node its `||` task; per resource the last run
   std::vector<NodeId> norms_;                                // the global norm's all-reduces, one per class
   std::vector<ReadyQueue> ready_;                            // per resource
   std::unordered_map<NodeId, std::vector<NodeId>> parked_;   // anchor -> gathers parked on it

@@ -269,6 +269,49 @@ TEST_CASE("DualPipeV x EP: each overlapped pair's pieces form a window on the co
       for (int32_t w : p.window) CHECK(w == -1);
 }
 
+// The design card's line: in each window the forward's and the backward's pieces take turns, and
+// so do their exchanges on the one comm stream (left to priority the backward ran all its pieces
+// first and queued the forward's exchanges behind its own, nothing left to compute beside them).
+TEST_CASE("a || window's two tasks take turns, on the compute stream and on their shared comm stream") {
+  Planner f("moe8");
+  auto pl = plan(f, "mesh ep = 2;\nsplit batch into 8;\nreplicate * over ep;\nshard layers[*].moe.experts over ep;\n"
+                    "order fwd(i) || bwd(i-1) on stream comm;\n", {});
+  using Task = std::tuple<ir::Op, int32_t>;  // (op, microbatch): one stage here
+  // Runs of one task among the ops of `ops` that belong to tasks (fwd(i), bwd(i-1)), for i = 1..7.
+  auto runs = [&](const std::vector<ir::NodeId>& ops, bool exchanges) {
+    std::map<int32_t, std::vector<Task>> per_window;  // keyed by the forward's microbatch
+    for (ir::NodeId v : ops) {
+      const ir::Node& x = pl.dag.nodes[static_cast<size_t>(v)];
+      if ((x.op == ir::Op::AllToAll) != exchanges || (!exchanges && !ir::is_chunk(x.op)) || x.op == ir::Op::U) continue;
+      const bool fwd = exchanges ? !(x.flags & ir::kBackward) : x.op == ir::Op::F;
+      const int32_t i = fwd ? x.microbatch : x.microbatch + 1;
+      if (i < 1 || i > 7) continue;
+      per_window[i].push_back({fwd ? ir::Op::F : ir::Op::B, x.microbatch});
+    }
+    std::vector<std::pair<size_t, size_t>> out;  // per window: ops, and how often the task changes
+    for (auto& [i, seq] : per_window) {
+      size_t changes = 0;
+      for (size_t k = 1; k < seq.size(); ++k) changes += seq[k] != seq[k - 1];
+      out.push_back({seq.size(), changes});
+    }
+    return out;
+  };
+  REQUIRE(pl.schedule.classes.size() == 1);
+  for (const auto& p : pl.schedule.classes[0].streams) {
+    const std::string& name = pl.dag.streams[p.stream];
+    if (name != "compute" && name != "comm") continue;
+    CAPTURE(name);
+    const auto changes = runs(p.ops, name == "comm");
+    REQUIRE(changes.size() == 7);
+    // 8 MoE layers: 17 pieces and 16 exchanges per task, all alternating (one task's run after
+    // the other's would change hands once).
+    for (auto [ops, turns] : changes) {
+      CHECK(ops == (name == "comm" ? 32u : 34u));
+      CHECK(turns == ops - 1);
+    }
+  }
+}
+
 TEST_CASE("tasks ordered to overlap that depend on each other are a deadlock, found statically") {
   Planner f;
   CHECK(!f.compile("split batch into 2;\norder fwd(0, 1) || bwd(0, 1);\n"));
