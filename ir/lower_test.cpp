@@ -596,3 +596,30 @@ TEST_CASE("mirror: the copies' microbatches run at the mirrored coordinate, each
   CHECK(sums_on[3] == std::vector<int32_t>{0, 3});
   CHECK(sums_on[1] == std::vector<int32_t>{1, 2});
 }
+
+// Experts: replicate left each expert backward before the update by a temporal edge (no reduction
+// covers its gradients); the copies' sum, which now adds them too, must wait for every one of them.
+TEST_CASE("mirror x expert parallelism: each copy's sum waits for every expert backward of its copy, and counts the experts") {
+  Front f("moe8");
+  CommandLine cmd;
+  cmd.sets = {"pp=2", "mb=4"};
+  Graph g = lowered(f, "use \"dualpipe.piper\";\nmesh ep = 2;\nreplicate * over ep;\nshard layers[*].moe.experts over ep;\n", cmd);
+  int sums = 0;
+  for (NodeId v = 0; v < NodeId(g.nodes.size()); ++v) {
+    const Node& n = g.nodes[static_cast<size_t>(v)];
+    if (n.payload != Payload::Copy) continue;
+    ++sums;
+    std::set<int32_t> expert_backwards_in;  // microbatches
+    for (const Edge& e : g.edges) {
+      const Node& src = g.nodes[static_cast<size_t>(e.src)];
+      if (e.dst == v && is_chunk(src.op) && src.op != Op::F && g.segment_of(src).sharded >= 0) expert_backwards_in.insert(src.microbatch);
+    }
+    CHECK(expert_backwards_in.size() == 2);  // the copy's half of the 4 microbatches
+    const StageFacts& st = g.stage(n.stage);
+    int64_t experts = 0;
+    for (const ExpertShard& e : st.experts) experts += e.member_bytes * static_cast<int64_t>(e.members.size()) / e.ways;
+    CHECK(experts > 0);
+    CHECK(n.bytes >= st.dense_elems * 4 + experts);
+  }
+  CHECK(sums == 4);  // two stages, two copies each
+}

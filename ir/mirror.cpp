@@ -9,7 +9,8 @@
 //
 // Two copies sum on a stream of their own (a rank's collectives with one partner in one sequence),
 // in stage order on every rank: ranks r and n-1-r share two stages' sums, and each must call them
-// in the same order. What `mirror` does not compose with is refused here, at the directive.
+// in the same order. Sharded experts: a rank's copy holds the experts of its expert coordinate, as
+// the rank holding the stage itself does, so their gradients are summed between the two as well.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -20,23 +21,6 @@
 namespace piper::ir {
 
 namespace {
-// The copies sum what their members step: whole gradients, or (ZeRO) each member its shards, the
-// same elements in both copies (ZeRO-3 gathers each copy's parameters from its own members' shards,
-// which stay equal). Experts held by one rank of a group would need a sum of their own.
-bool composable(LowerContext& c, const Directive& at) {
-  for (size_t s = 0; s < c.graph.facts.stages.size(); ++s) {
-    const StageFacts& st = c.graph.facts.stages[s];
-    std::string why;
-    if (!st.experts.empty()) why = fmt::format("stage {} holds sharded experts", s);
-    if (why.empty()) continue;
-    auto& e = c.diags.error(at.loc, fmt::format("a mirrored pipeline sums the copies' gradients as their members step them, but {}", why));
-    e.note(SourceLoc{}, "mirror composes with data parallelism (plain and ZeRO-1/2/3), tensor and context "
-                        "parallelism and tied parameters; not yet with sharded experts");
-    for (const Note& n : at.used_from) e.notes.push_back(n);
-    return false;
-  }
-  return true;
-}
 // A tie held by several stages is summed over all their copies by the tie pass, which runs first
 // (its sum is among what an update waits for); the copies' sum leaves those ranges alone.
 int64_t summed_elems(const Graph& g, int32_t stage) {
@@ -46,25 +30,27 @@ int64_t summed_elems(const Graph& g, int32_t stage) {
     for (const TieFacts& tf : g.facts.ties)
       if (tf.tie == t.tie) n -= t.range.size();
   const Replication& rep = st.replication;
-  return rep.axis >= 0 && rep.zero > 0 ? (n + rep.ways - 1) / rep.ways : n;  // ZeRO: a member's shards
+  if (rep.axis >= 0 && rep.zero > 0) n = (n + rep.ways - 1) / rep.ways;  // ZeRO: a member's shards
+  for (const ExpertShard& e : st.experts)  // the experts one rank holds (the copy's rank at its ep coordinate the same)
+    n += (e.member_bytes / 4) * ((static_cast<int64_t>(e.members.size()) + e.ways - 1) / e.ways);
+  return n;
 }
 }  // namespace
 
 void mirror_pass(LowerContext& c) {
   Graph& g = c.graph;
   if (g.facts.mirror_from < 0) return;
-  if (const Directive* at = c.strategy.mirror(); at && !composable(c, *at)) {
-    c.failed = true;
-    return;
-  }
   const StreamId stream = g.stream("mirror");
   const int32_t grads = g.tensor("param_grads");
-  // Per update (one per copy): what its gradients come from, as the earlier passes wired it.
+  // Per update (one per copy): what its gradients come from, as the earlier passes wired it — data
+  // edges, and the temporal edges by which replicate left the experts' backwards (whose gradients no
+  // reduction covers) before the update: the sum must wait for those too.
   std::map<NodeId, std::vector<NodeId>> feeds;
   for (size_t k = 0; k < g.edges.size(); ++k) {
     const Edge& e = g.edges[k];
-    if (e.kind == EdgeKind::Data && g.nodes[static_cast<size_t>(e.dst)].op == Op::U &&
-        g.stage(g.nodes[static_cast<size_t>(e.dst)].stage).copied())
+    const Node& dst = g.nodes[static_cast<size_t>(e.dst)];
+    if (dst.op != Op::U || !g.stage(dst.stage).copied()) continue;
+    if (e.kind == EdgeKind::Data || (e.kind == EdgeKind::Temporal && is_chunk(g.nodes[static_cast<size_t>(e.src)].op)))
       feeds[e.dst].push_back(e.src);
   }
   // In stage order (not node order: place added the copies' updates after every stage's own).

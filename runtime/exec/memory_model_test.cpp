@@ -89,6 +89,7 @@ TEST_CASE("the memory model predicts every rank's measured peak within 10%, for 
       {"1f1b_zero2.piper", 4, {"pp=2", "dp=2", "mb=2"}},
       {"1f1b_zero3.piper", 4, {"pp=2", "dp=2", "mb=2"}},
       {"dualpipev_ep.piper", 4, {"pp=2", "ep=2", "mb=4"}, "moe"},
+      {"../tests/strategies/dualpipe_ep.piper", 4, {"pp=2", "ep=2", "mb=4"}, "moe"},
       {"../tests/strategies/ep2_zero.piper", 2, {"z=2", "mb=2"}, "moe"},
       {"../tests/strategies/1f1b_bf16.piper", 2, {"pp=2", "mb=4"}},
       {"../tests/strategies/zero3_bf16.piper", 2, {"dp=2"}},

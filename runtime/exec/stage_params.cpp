@@ -334,7 +334,10 @@ void StageParams::all_reduce(size_t bucket) {
 // `mirror` (ALLREDUCE_C): the gradient summed with the stage's other copy, but for `skip` (ascending,
 // disjoint: ties across stages, which their own sum completed). ZeRO 0: grad_ is whole; ZeRO-1/2:
 // this member's shard of each bucket, which the copy's member at the same coordinate also holds.
+// The experts this rank holds, the copy's rank at the same expert coordinate holds too.
 void StageParams::sum_copies(const std::vector<int>& group, int channel, const std::vector<ir::Range>& skip) {
+  if (expert_grad_.defined() && expert_grad_.numel() > 0)
+    comm_.all_reduce_sum(expert_grad_.data_ptr<float>(), static_cast<size_t>(expert_grad_.numel()), group, channel);
   if (view_.zero() > 0) {
     const auto& buckets = view_.facts->replication.buckets;
     for (size_t b = 0; b < buckets.size(); ++b) {
@@ -357,12 +360,15 @@ void StageParams::sum_copies(const std::vector<int>& group, int channel, const s
 
 // How far this copy's parameters are from the other copy's: the sum over the pair of +p (the stage's
 // own) and -p (the copy) is exactly zero where the two are bit-identical (x + -x == 0 for finite x).
-// Under ZeRO-3 the parameters live as shards (each member the same elements in both copies).
+// Under ZeRO-3 the parameters live as shards (each member the same elements in both copies); the
+// experts held here are compared too.
 double StageParams::copy_divergence(const std::vector<int>& group, int channel, bool is_copy) {
   torch::NoGradGuard no_grad;
   MemScope scope(MemCategory::Comm);
   double most = 0;
-  for (const torch::Tensor& held : view_.zero() == 3 ? shard_param_ : std::vector<torch::Tensor>{flat_}) {
+  std::vector<torch::Tensor> held_all = view_.zero() == 3 ? shard_param_ : std::vector<torch::Tensor>{flat_};
+  if (expert_flat_.defined()) held_all.push_back(expert_flat_);
+  for (const torch::Tensor& held : held_all) {
     torch::Tensor diff = is_copy ? -held : held.clone();
     comm_.all_reduce_sum(diff.data_ptr<float>(), static_cast<size_t>(diff.numel()), group, channel);
     if (diff.numel() > 0) most = std::max(most, diff.abs().max().item<double>());
