@@ -13,8 +13,8 @@
 #  2. the zero-bubble split: BI + BW against B in one process (one thread, piper-bench-split) on the
 #     model's 8 blocks and on ZB1P's last stage (layers 4-7 and the head, from the loss), and per
 #     stage from the pipelines' traces (there BW runs later than its BI, beside the other rank's work).
-#  3. the compute streams' idle fraction of every pipeline, from its trace, beside the simulator's
-#     for the same plan and machine file (and 1F1B's formula, (p-1)/(m+p-1)): whether each schedule
+#  3. the compute streams' idle fraction of every pipeline, from its traces (each round's median step;
+#     the median over rounds and their spread), beside the simulator's for the same plan and machine file (and 1F1B's formula, (p-1)/(m+p-1)): whether each schedule
 #     fills the bubbles it promises, a ratio within one run that the machine's drift does not move;
 #  4. what the machine allows: two independent one-rank jobs (1 thread each) at once against one
 #     alone. Two ranks can go no faster than this, times 1 - bubble;
@@ -35,10 +35,10 @@ run() {  # name np strategy sets...
   for s in "$@"; do sets+=(--set "$s"); done
   if [ "$np" = 1 ]; then
     "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/$strategy" "${sets[@]}" "${common[@]}" \
-      --metrics "$tmp/$name.$r.jsonl" --trace "$tmp/$name.trace.json" >/dev/null
+      --metrics "$tmp/$name.$r.jsonl" --trace "$tmp/$name.$r.trace.json" >/dev/null
   else
     mpirun -np "$np" "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/$strategy" "${sets[@]}" "${common[@]}" \
-      --machine "$tmp/machine.json" --metrics "$tmp/$name.$r.jsonl" --trace "$tmp/$name.trace.json" >/dev/null
+      --machine "$tmp/machine.json" --metrics "$tmp/$name.$r.jsonl" --trace "$tmp/$name.$r.trace.json" >/dev/null
   fi
 }
 "$build/tools/piper-model" moe --layers 4 --d-model 128 --ffn 256 --seq 64 -o "$tmp/moe.pt" >/dev/null
@@ -71,14 +71,14 @@ for r in $(seq 1 "$rounds"); do
   "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/single.piper" "${one[@]}" --metrics "$tmp/pair_b.$r.jsonl" >/dev/null
   wait
   mpirun -np 2 "$build/tools/piper-run" "$tmp/m.pt" "$tmp/dp_1mib.piper" "${common[@]}" --metrics "$tmp/dp.$r.jsonl" \
-    --trace "$tmp/dp.trace.json" >/dev/null
+    --trace "$tmp/dp.$r.trace.json" >/dev/null
 done
 mpirun -np 4 --oversubscribe "$build/tools/piper-run" "$tmp/moe.pt" "$root/strategies/dualpipev_ep.piper" --set pp=2 \
   --set ep=2 --set mb=4 --data "$root/data/corpus.txt" --steps 8 --batch-size 16 --metrics "$tmp/ep.1.jsonl" \
-  --trace "$tmp/ep.trace.json" >/dev/null
+  --trace "$tmp/ep.1.trace.json" >/dev/null
 mpirun -np 4 --oversubscribe "$build/tools/piper-run" "$tmp/moe_big.pt" "$root/strategies/dualpipev_ep.piper" --set pp=2 \
   --set ep=2 --set mb=16 --data "$root/data/corpus.txt" --steps 8 --batch-size 32 --metrics "$tmp/ep_big.1.jsonl" \
-  --trace "$tmp/ep_big.trace.json" >/dev/null
+  --trace "$tmp/ep_big.1.trace.json" >/dev/null
 {
   "$build/bench/piper-bench-split" "$tmp/m.pt" 1 8 2 15
   "$build/bench/piper-bench-split" "$tmp/m.pt" 5 9 2 15

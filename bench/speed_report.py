@@ -18,8 +18,8 @@ def tokens_per_s(name, runs=None):
     return statistics.median(per_round), per_round
 
 
-def spans(name):
-    ev = json.load(open(f"{tmp}/{name}.trace.json"))["traceEvents"]
+def spans(name, r=None):  # a round's trace (the last round's by default)
+    ev = json.load(open(f"{tmp}/{name}.{r or rounds}.trace.json"))["traceEvents"]
     return [e for e in ev if e.get("ph") == "X" and e["args"]["step"] > WARMUP]
 
 
@@ -73,7 +73,8 @@ for stage in sorted({k[0] for k in b}):
         print(f"   stage {stage}: B {b[(stage, 'B')]:.1f}   BI {bi:.1f} + BW {bw:.1f} = {bi + bw:.1f}   "
               f"{(bi + bw) / b[(stage, 'B')]:.3f}x B")
 
-print("3. idle fraction of the compute streams (mean over ranks; measured: median step of the last round's trace, over the step's span on all ranks, as simulated)")
+print("3. idle fraction of the compute streams (mean over ranks; measured: each round's median step, over the step's"
+      " span on all ranks, as simulated; the median over rounds and their min-max)")
 
 
 def union(iv):  # total length of the union of intervals
@@ -85,11 +86,11 @@ def union(iv):  # total length of the union of intervals
     return total
 
 
-def idle_measured(name):
+def idle_measured(name, r):
     """Per rank, 1 - its compute time over the step: as the simulator counts it (step time - busy),
     the step running from the first op of any rank to the last of any (the trace's one time axis),
-    so a rank that finishes early idles until the step ends."""
-    ev = spans(name)
+    so a rank that finishes early idles until the step ends. The median step of round r."""
+    ev = spans(name, r)
     per_rank = []
     steps = sorted({e["args"]["step"] for e in ev})
     span = {}
@@ -115,7 +116,10 @@ def idle_simulated(name):
 for name, label in [("1f1b", "1F1B"), ("gpipe", "GPipe"), ("interleaved", "interleaved v=2"), ("zb1p", "ZB1P"),
                     ("dualpipev", "DualPipeV"), ("dualpipe", "DualPipe"), ("zbv", "ZBV"), ("vmin", "V-Min"),
                     ("interleaved_zb", "interleaved ZB v=2")]:
-    print(f"   {label:16s} measured {idle_measured(name):.3f}   simulated {idle_simulated(name):.3f}")
+    idle = [idle_measured(name, r) for r in range(1, rounds + 1)]
+    med, sim = statistics.median(idle), idle_simulated(name)
+    print(f"   {label:18s} measured {med:.3f} ({min(idle):.3f}-{max(idle):.3f})   simulated {sim:.3f}   "
+          f"gap {med - sim:+.3f}")
 p, m = 2, 8
 print(f"   (1F1B's formula (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.3f})")
 
@@ -137,8 +141,8 @@ def overlap(a, b):  # total length of a's intervals covered by b's (b's disjoint
     return total
 
 
-def hidden(name, token):  # (overlapped, total) microseconds of ops named with `token`
-    ev = spans(name)
+def hidden(name, token, r=None):  # (overlapped, total) microseconds of ops named with `token`
+    ev = spans(name, r)
     total = covered = 0.0
     for rank in sorted({e["pid"] for e in ev}):
         mine = [e for e in ev if e["pid"] == rank]
@@ -155,7 +159,7 @@ print(f"   {covered / max(total, 1e-9):.3f} of {total / 1e3:.1f} ms of all-reduc
 
 print("6. DualPipeV x EP pp=2 ep=2 (4 ranks on this node's cores): all-to-all time overlapping compute")
 for name, label in [("ep", "MoE d128 ffn256 seq64, mb=4"), ("ep_big", "MoE d256 ffn1024 seq128, mb=16")]:
-    covered, total = hidden(name, "A2A")
+    covered, total = hidden(name, "A2A", r=1)  # one run each
     t, _ = tokens_per_s(name, runs=1)  # one run: four ranks on two cores are slow
     print(f"   {label:32s} {covered / max(total, 1e-9):.3f} of {total / 1e3:.1f} ms of all-to-all overlaps compute; "
           f"{t:.0f} tokens/s")
