@@ -8,7 +8,9 @@
 #   no-||    the same without the overlap (a forward, then a backward, as plain EP runs them).
 # Prints per plan the fraction of all-to-all time that overlaps compute on the same rank (from the
 # trace, as speed_bench.sh measures it) and tokens/s, medians over ROUNDS with the spread, and each
-# plan's throughput against no-|| as the median of per-round ratios.
+# plan's throughput against no-|| as the median of per-round ratios; then, for the card, where the
+# exposed time is: the share of the unpartnered exchanges (the first forward's, the last backward's),
+# the fraction hidden inside the windows, and each rank's expert compute per layer (the routing's load).
 # Usage: bench/card_bench.sh [BUILD_DIR] [ROUNDS]
 source "$(dirname "$0")/speed_setup.sh"
 "$build/tools/piper-model" moe --layers 4 --d-model 256 --ffn 1024 --seq 128 -o "$tmp/moe.pt" >/dev/null
@@ -24,30 +26,58 @@ for ((r = 1; r <= rounds; ++r)); do
   done
 done
 /usr/bin/python3 - "$tmp" "$rounds" <<'PY'
-import json, statistics, sys
+import collections, json, re, statistics, sys
 tmp, rounds = sys.argv[1], int(sys.argv[2])
 WARMUP = 3
+MB = 8
 def tokens(plan, r):
     rows = [json.loads(l) for l in open(f"{tmp}/{plan}.{r}.jsonl")]
     return statistics.median([x["tokens_per_s"] for x in rows if "tokens_per_s" in x][WARMUP:])
-def hidden(plan, r):  # fraction of all-to-all time during which the same rank computes
-    ev = [e for e in json.load(open(f"{tmp}/{plan}.{r}.trace.json"))["traceEvents"]
-          if e.get("ph") == "X" and e["args"]["step"] > WARMUP]
-    total = covered = 0.0
+def events(plan, r):
+    return [e for e in json.load(open(f"{tmp}/{plan}.{r}.trace.json"))["traceEvents"]
+            if e.get("ph") == "X" and e["args"]["step"] > WARMUP]
+def covered(a, b, comp):  # how much of [a, b) the rank's compute intervals cover
+    return sum(max(0.0, min(b, d) - max(a, c)) for c, d in comp)
+def hidden(plan, r, part=None):  # fraction of all-to-all time during which the same rank computes
+    ev = events(plan, r)
+    total = cov = 0.0
     for rank in {e["pid"] for e in ev}:
         mine = [e for e in ev if e["pid"] == rank]
-        a2a = [(e["ts"], e["ts"] + e["dur"]) for e in mine if "A2A" in e["name"]]
         comp = [(e["ts"], e["ts"] + e["dur"]) for e in mine if e["tid"] == "compute"]
-        total += sum(b - a for a, b in a2a)
-        covered += sum(max(0.0, min(b, d) - max(a, c)) for a, b in a2a for c, d in comp)
-    return covered / max(total, 1e-9)
+        for e in mine:
+            if "A2A" in e["name"] and (part is None or unpartnered(e["name"]) == (part == "unpartnered")):
+                total += e["dur"]
+                cov += covered(e["ts"], e["ts"] + e["dur"], comp)
+    return cov / max(total, 1e-9), total
+def unpartnered(name):  # the first forward's and the last backward's exchanges: no window holds them
+    m = re.match(r"\d+A2A_[DC](F|B)(\d+)", name)
+    return (m.group(1), int(m.group(2))) in (("F", 0), ("B", MB - 1))
+def expert_ms(plan, r):  # per rank and expert piece (the pieces a combine follows): ms per step, F + B
+    ev = events(plan, r)
+    pieces = {int(re.search(r"\.s(\d+)", e["name"]).group(1)) for e in ev if "A2A_C" in e["name"]}
+    steps = len({e["args"]["step"] for e in ev})
+    t = collections.defaultdict(float)
+    for e in ev:
+        m = re.match(r"\d+[FB]\d+\.s(\d+)$", e["name"])
+        if e["tid"] == "compute" and m and int(m.group(1)) in pieces:
+            t[(e["pid"], int(m.group(1)))] += e["dur"] / 1e3 / steps
+    return t
 def show(xs, fmt):
     return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
 print(f"design card, MoE d256 ffn1024 seq128, ep=2 on 2 ranks, mb=8, batch 32; medians of {rounds} rounds (min-max)")
 print(f"  {'plan':8s} {'all-to-all hidden':>22s} {'tokens/s':>20s} {'vs no-||':>20s}")
 for plan, label in (("card", "card"), ("streams", "streams"), ("plain", "no-||")):
-    h = [hidden(plan, r) for r in range(1, rounds + 1)]
+    h = [hidden(plan, r)[0] for r in range(1, rounds + 1)]
     t = [tokens(plan, r) for r in range(1, rounds + 1)]
     ratio = [tokens(plan, r) / tokens("plain", r) for r in range(1, rounds + 1)]
     print(f"  {label:8s} {show(h, '{:.3f}'):>22s} {show(t, '{:.0f}'):>20s} {show(ratio, '{:.2f}'):>20s}")
+# Where the card's exposed exchange time is: the unpartnered exchanges, and inside the windows the
+# lighter rank's wait at a layer whose routing loads one rank's experts more (random init).
+share = [hidden("card", r, "unpartnered")[1] / hidden("card", r)[1] for r in range(1, rounds + 1)]
+inside = [hidden("card", r, "window")[0] for r in range(1, rounds + 1)]
+print(f"  card: unpartnered exchanges {show(share, '{:.3f}')} of the all-to-all time; inside the windows "
+      f"{show(inside, '{:.3f}')} hidden")
+t = expert_ms("card", rounds)
+print(f"  card, round {rounds}: expert compute per step (F + B, ms) by piece, rank 0 / rank 1: " +
+      ", ".join(f"s{p} {t[(0, p)]:.0f}/{t[(1, p)]:.0f}" for p in sorted({k[1] for k in t})))
 PY
