@@ -3,7 +3,7 @@
 # configures its process itself). Model: piper-model gpt 8 layers, d 128, ffn 512, seq 128; global
 # batch 16; two ranks on this node.
 #  1. tokens/s of every library pipeline at pp=2 mb=8 against one rank running the same 8
-#     microbatches (single.piper mb=8), ZB1P, DualPipeV, DualPipe, ZBV and V-Min against 1F1B, and interleaved zero
+#     microbatches (single.piper mb=8), ZB1P, DualPipeV, DualPipe, ZBV, V-Min and V-Half against 1F1B, and interleaved zero
 #     bubble against interleaved 1F1B (v=2). The pipelines run
 #     scheduled by this machine's measured costs (`piper-run --profile` first, then `--machine`, as
 #     docs/scheduler.md says to: unit costs misplace ZB1P's weight passes). Rounds alternate the
@@ -46,7 +46,7 @@ run() {  # name np strategy sets...
 mpirun -np 2 "$build/tools/piper-run" "$tmp/m.pt" --profile "$tmp/machine.json" >/dev/null
 printf 'mesh dp = 2;\nreplicate * over dp bucket 1MiB on stream comm;\n' >"$tmp/dp_1mib.piper"
 for p in "1f1b 1f1b.piper" "gpipe gpipe.piper" "interleaved interleaved_1f1b.piper v=2" "zb1p zb1p.piper" \
-  "dualpipev dualpipev.piper" "dualpipe dualpipe.piper" "zbv zbv.piper" "vmin vmin.piper" \
+  "dualpipev dualpipev.piper" "dualpipe dualpipe.piper" "zbv zbv.piper" "vmin vmin.piper" "vhalf vhalf.piper" \
   "interleaved_zb interleaved_zb.piper v=2"; do
   read -r name file extra <<<"$p"
   "$build/tools/piper-check" "$tmp/m.pt" "$root/strategies/$file" --set pp=2 --set mb=8 ${extra:+--set $extra} \
@@ -62,6 +62,7 @@ for r in $(seq 1 "$rounds"); do
   run dualpipe 2 dualpipe.piper "$r" pp=2 mb=8
   run zbv 2 zbv.piper "$r" pp=2 mb=8
   run vmin 2 vmin.piper "$r" pp=2 mb=8
+  run vhalf 2 vhalf.piper "$r" pp=2 mb=8
   run interleaved_zb 2 interleaved_zb.piper "$r" pp=2 v=2 mb=8
   PIPER_PROGRESS_IDLE=0 mpirun -x PIPER_PROGRESS_IDLE -np 2 "$build/tools/piper-run" "$tmp/m.pt" "$root/strategies/1f1b.piper" \
     --set pp=2 --set mb=8 "${common[@]}" --machine "$tmp/machine.json" --metrics "$tmp/1f1b_busy.$r.jsonl" >/dev/null

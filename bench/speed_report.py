@@ -40,20 +40,22 @@ rows = {}
 for name, label in [("single", "one rank, 8 microbatches"), ("1f1b", "1F1B pp=2 mb=8"), ("gpipe", "GPipe pp=2 mb=8"),
                     ("interleaved", "interleaved v=2 pp=2 mb=8"), ("zb1p", "ZB1P pp=2 mb=8"),
                     ("dualpipev", "DualPipeV pp=2 mb=8"), ("dualpipe", "DualPipe pp=2 mb=8"), ("zbv", "ZBV pp=2 mb=8"),
-                    ("vmin", "V-Min pp=2 mb=8"),
+                    ("vmin", "V-Min pp=2 mb=8"), ("vhalf", "V-Half pp=2 mb=8"),
                     ("interleaved_zb", "interleaved ZB v=2 pp=2 mb=8")]:
     t, per = tokens_per_s(name)
     rows[name] = t
     print(f"   {label:28s} {t:8.0f}  ({', '.join(f'{x:.0f}' for x in per)})  {t / base:5.2f}x one rank  "
           f"{t / core:5.2f}x one core")
 paired = {n: [a / b for a, b in zip(tokens_per_s(n)[1], tokens_per_s("1f1b")[1])]
-          for n in ("zb1p", "dualpipev", "dualpipe", "zbv", "vmin", "interleaved", "interleaved_zb")}
+          for n in ("zb1p", "dualpipev", "dualpipe", "zbv", "vmin", "vhalf", "interleaved", "interleaved_zb")}
 print(f"   ZB1P / 1F1B {rows['zb1p'] / rows['1f1b']:.3f}x   DualPipeV / 1F1B {rows['dualpipev'] / rows['1f1b']:.3f}x   "
       f"ZBV / 1F1B {rows['zbv'] / rows['1f1b']:.3f}x   (round by round, the median: {statistics.median(paired['zb1p']):.3f}x, "
       f"{statistics.median(paired['dualpipev']):.3f}x and {statistics.median(paired['zbv']):.3f}x; the machine drifts "
       f"between rounds, less within one)")
 print(f"   V-Min / 1F1B, round by round, the median: {statistics.median(paired['vmin']):.3f}x "
       f"({min(paired['vmin']):.3f}-{max(paired['vmin']):.3f})")
+print(f"   V-Half / 1F1B, round by round, the median: {statistics.median(paired['vhalf']):.3f}x "
+      f"({min(paired['vhalf']):.3f}-{max(paired['vhalf']):.3f})")
 print(f"   DualPipe / 1F1B, round by round, the median: {statistics.median(paired['dualpipe']):.3f}x "
       f"({min(paired['dualpipe']):.3f}-{max(paired['dualpipe']):.3f})")
 print(f"   interleaved ZB / interleaved 1F1B, round by round, the median: "
@@ -114,7 +116,7 @@ def idle_simulated(name):
 
 
 for name, label in [("1f1b", "1F1B"), ("gpipe", "GPipe"), ("interleaved", "interleaved v=2"), ("zb1p", "ZB1P"),
-                    ("dualpipev", "DualPipeV"), ("dualpipe", "DualPipe"), ("zbv", "ZBV"), ("vmin", "V-Min"),
+                    ("dualpipev", "DualPipeV"), ("dualpipe", "DualPipe"), ("zbv", "ZBV"), ("vmin", "V-Min"), ("vhalf", "V-Half"),
                     ("interleaved_zb", "interleaved ZB v=2")]:
     idle = [idle_measured(name, r) for r in range(1, rounds + 1)]
     med, sim = statistics.median(idle), idle_simulated(name)

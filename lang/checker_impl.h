@@ -173,6 +173,7 @@ class Checker {
   // `order from "schedule.csv"` (order_from.cpp): the file's lines run as sequences; once stages
   // are known, each line checked to hold its own rank's tasks, each once, and all of them.
   void stmt(const ast::OrderFromStmt& o, const ast::Stmt& s, Env& env, UseContext& use, FileId file);
+  std::optional<std::string> schedule_path(const ast::OrderFromStmt& o, const Env& env);
   void finish_schedule_files();
   void check_schedule_line(const CsvSchedule& c, size_t line);
   void stmt(const ast::RecomputeStmt& r, const ast::Stmt& s, Env& env, UseContext&, FileId);

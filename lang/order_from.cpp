@@ -8,8 +8,39 @@
 
 namespace piper::check {
 
+// `{name}` in the path is the integer `name` has here (a parameter, let or loop variable), so one
+// strategy names a family of generated files, one per configuration (strategies/vhalf.piper).
+std::optional<std::string> Checker::schedule_path(const ast::OrderFromStmt& o, const Env& env) {
+  std::string out;
+  for (size_t i = 0; i < o.path.size(); ++i) {
+    if (o.path[i] != '{') {
+      out += o.path[i];
+      continue;
+    }
+    const size_t close = o.path.find('}', i);
+    if (close == std::string::npos) {
+      diags_.error(o.path_loc, fmt::format("'{{' in the schedule's path \"{}\" has no closing '}}'", o.path));
+      return std::nullopt;
+    }
+    const std::string name = o.path.substr(i + 1, close - i - 1);
+    const Var* v = env.find(name);
+    if (!v || v->value.type != Value::Type::Int) {
+      auto& d = diags_.error(o.path_loc, v ? fmt::format("'{{{}}}' in the schedule's path is {}, not an integer", name,
+                                                         type_name(v->value.type))
+                                           : fmt::format("'{{{}}}' in the schedule's path names nothing defined here", name));
+      d.note(SourceLoc{}, "a path takes '{name}' for a parameter, let or loop variable with an integer value");
+      return std::nullopt;
+    }
+    out += std::to_string(v->value.i);
+    i = close;
+  }
+  return out;
+}
+
 void Checker::stmt(const ast::OrderFromStmt& o, const ast::Stmt& s, Env& env, UseContext& use, FileId file) {
-  auto path = find_strategy(o.path, file, o.path_loc, "schedule");
+  const auto named = schedule_path(o, env);
+  if (!named) return;
+  auto path = find_strategy(*named, file, o.path_loc, "schedule");
   if (!path) return;
   std::error_code ec;
   constexpr uintmax_t kMaxBytes = 16 << 20;  // thousands of microbatches × stages fit in far less
@@ -25,7 +56,7 @@ void Checker::stmt(const ast::OrderFromStmt& o, const ast::Stmt& s, Env& env, Us
   auto csv = read_torch_csv(id, sources_, diags_);
   if (!csv) return;
   schedules_.push_back(std::make_unique<CsvSchedule>(std::move(*csv)));
-  diags_.push_context(s.loc, fmt::format("in schedule \"{}\" read here", o.path));
+  diags_.push_context(s.loc, fmt::format("in schedule \"{}\" read here", *named));
   for (const ast::StmtPtr& line : schedules_.back()->sequences)
     stmt(std::get<ast::SequenceStmt>(line->node), *line, env, use, file);
   diags_.pop_context();
