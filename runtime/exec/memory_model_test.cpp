@@ -77,10 +77,14 @@ TEST_CASE("the memory model predicts every rank's measured peak within 10%, for 
       {"zero3.piper", 2, {"dp=2"}},
       {"gpipe.piper", 2, {"pp=2", "mb=4"}},
       {"1f1b.piper", 2, {"pp=2", "mb=4"}},
+      {"1f1b.piper", 2, {"pp=2", "mb=8"}},  // beside vhalf's mb=8: the measured ratio of their peaks
       {"1f1b.piper", 4, {"pp=4", "mb=8"}},
       {"interleaved_1f1b.piper", 2, {"pp=2", "v=2", "mb=4"}},
       {"zb1p.piper", 2, {"pp=2", "mb=4"}},
       {"dualpipev.piper", 2, {"pp=2", "mb=4"}},
+      {"zbv.piper", 2, {"pp=2", "mb=4"}},
+      {"vmin.piper", 2, {"pp=2", "mb=4"}},
+      {"vhalf.piper", 2, {"pp=2", "mb=8"}},
       // Full DualPipe: every stage held twice (`mirror`), with ZeRO-2/3 each copy's members their shards.
       {"dualpipe.piper", 2, {"pp=2", "mb=4"}},
       {"../tests/strategies/dualpipe_zero2.piper", 4, {"pp=2", "dp=2", "mb=4"}},
