@@ -6,7 +6,8 @@
 # within 1e-3: the order in which microbatches' and replicas' bf16 gradients are summed differs
 # (over 20 steps: up to 1.5e-4 measured on AVX-512 CPUs, 4.6e-4 on this AVX2-only EPYC, where
 # `piper-run` of `precision bf16;` on one rank equals the reference to the last digit).
-# PIPER_MODEL_ARGS adds piper-model flags (e.g. --tie-embeddings: the tied GPT); PIPER_RECIPE_ARGS
+# PIPER_LAYERS sets the model's layers (default 4; a V over pp=4 needs 8). PIPER_MODEL_ARGS adds
+# piper-model flags (e.g. --tie-embeddings: the tied GPT); PIPER_RECIPE_ARGS
 # training-recipe flags (schedule, betas, weight decay, clipping) given to both trainers alike; with
 # clipping the per-step global norms are compared too, and with the recipe validation losses.
 # Usage: equivalence_test.sh PIPER_MODEL PIPER_TRAIN_REF PIPER_RUN NP STRATEGY [--set ...]
@@ -22,7 +23,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY
 arch=gpt
 case "$strategy" in *_ep*|*ep2*) arch=moe ;; esac
 # shellcheck disable=SC2086  # word splitting of the flags is intended
-"$model_bin" "$arch" --layers 4 --d-model 32 --ffn 64 --seq 16 ${PIPER_MODEL_ARGS:-} -o "$tmp/m.pt"
+"$model_bin" "$arch" --layers "${PIPER_LAYERS:-4}" --d-model 32 --ffn 64 --seq 16 ${PIPER_MODEL_ARGS:-} -o "$tmp/m.pt"
 steps=${PIPER_STEPS:-20}
 common=(--data "$root/data/corpus.txt" --steps "$steps" --batch-size 8 --lr 1e-3 --seed 0)
 # shellcheck disable=SC2206  # word splitting of the flags is intended
