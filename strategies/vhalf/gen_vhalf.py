@@ -13,8 +13,8 @@ w down weight gradient. Each op takes one slot.
    after input gradients (the up stage's first). A rank holds at most pp+2 chunk activations (1F1B: 2pp).
 2. The squeeze, outside the steady state (before rank 0's first B, after its last F): in slot
    order, each op moves to the earliest free slot after its inputs' slots (and after the same op of
-   the previous microbatch) that keeps the rank's peak activations (F, f +1; W, w -1) at the
-   block's. Once with W and w as placed, once without them (they go back to the first free slots).
+   the previous microbatch) that keeps the rank's peak activations (F, f +1; W, w -1) at or under
+   the fullest rank's in the block. Once with W and w as placed, once without them (they go back to the first free slots).
 The CSV line of rank r is its ops in slot order, as torch actions on Piper's (and torch's) V stage
 numbers. Usage: gen_vhalf.py OUT_DIR PP:MB ... (the library's set: tests/vhalf_files_test.sh)
 """
