@@ -167,8 +167,8 @@ TEST_CASE("V-Min: idle 4*pp-5 chunks (2B/3), activations 0.62x, 0.56x, 0.42x of 
 // V-Half from its library files (the published construction's output, strategies/vhalf/): with
 // unit costs each rank idles 3*pp-7 chunk-times, under the published B/2 (B = 1F1B's (pp-1)(F+B)
 // in stage time, 3*pp-3 chunks); activations fall towards the published half of 1F1B's (the block
-// holds pp+2 chunks against 1F1B's 2*pp; rank 0's squeezed fill and the head's logits weigh more at
-// small pp), between V-Min's and ZBV's.
+// holds pp+2 chunks against 1F1B's 2*pp; the squeeze fills every rank up to the fullest rank's
+// count, the last rank's fill most), between V-Min's and ZBV's.
 TEST_CASE("V-Half: idle 3*pp-7 chunks (under B/2), activations 0.97x, 0.73x, 0.62x of 1F1B's, PP 4, 8, 16") {
   const std::map<int, double> ratio{{4, 0.967}, {8, 0.735}, {16, 0.619}};
   for (int p : {4, 8, 16}) {
