@@ -17,7 +17,14 @@ for f in "$root"/strategies/vhalf/pp*_mb*.csv; do
   pp=${base#pp}; pp=${pp%%_*}; mb=${base#*_mb}
   specs+=("$pp:$mb")
 done
-[ ${#specs[@]} -ge 4 ] || fail "the library holds ${#specs[@]} V-Half files"
+# Every configuration vhalf.piper's assert and domains admit has its file (piper-tune may pick any).
+for pp in 2 4 8 16; do
+  for mb in 4 8 16 32; do
+    if [ "$mb" -ge $((2 * pp)) ] && [ "$mb" -le $((8 * pp)) ] && [ ! -f "$root/strategies/vhalf/pp${pp}_mb${mb}.csv" ]; then
+      fail "vhalf.piper admits pp=$pp mb=$mb but strategies/vhalf/ has no file for it"
+    fi
+  done
+done
 "$python" "$root/strategies/vhalf/gen_vhalf.py" "$tmp" "${specs[@]}" || fail "gen_vhalf.py failed"
 for spec in "${specs[@]}"; do
   pp=${spec%%:*} mb=${spec##*:} name=pp${spec%%:*}_mb${spec##*:}.csv
