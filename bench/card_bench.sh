@@ -5,12 +5,18 @@
 # as piper-model moe makes it (8 experts), batch 32 in 8 microbatches, 8 steps. Three plans:
 #   card     the line as written;
 #   streams  the forward's and the backward's exchanges on streams of their own (a2a_f, a2a_b);
-#   no-||    the same without the overlap (a forward, then a backward, as plain EP runs them).
+#   no-||    the same without the overlap (a forward, then a backward, as plain EP runs them);
+#   card and no-|| again with nanoGPT's small recipe's warm-up (--warmup-steps 100 at lr 1e-3): the
+#            router, trained at the full rate from step 1, routes most tokens of a layer to one rank's
+#            experts within a few steps (this MoE has no load balancing), and the other rank's
+#            exchanges then wait for it; under warm-up the measured steps route as at initialisation.
 # Prints per plan the fraction of all-to-all time that overlaps compute on the same rank (from the
 # trace, as speed_bench.sh measures it) and tokens/s, medians over ROUNDS with the spread, and each
 # plan's throughput against no-|| as the median of per-round ratios; then, for the card, where the
 # exposed time is: the share of the unpartnered exchanges (the first forward's, the last backward's),
 # the fraction hidden inside the windows, and each rank's expert compute per layer (the routing's load).
+# Each plan's load imbalance is the expert compute of the busier rank over the two ranks' mean, per
+# expert piece, summed (1.00: balanced; 2.00: one rank does all of it).
 # Usage: bench/card_bench.sh [BUILD_DIR] [ROUNDS]
 source "$(dirname "$0")/speed_setup.sh"
 "$build/tools/piper-model" moe --layers 4 --d-model 256 --ffn 1024 --seq 128 -o "$tmp/moe.pt" >/dev/null
@@ -20,9 +26,11 @@ printf "${head}stream a2a_f, a2a_b;\norder fwd(i) || bwd(i-1);\norder fwd(i) on 
   >"$tmp/streams.piper"
 printf "${head}order fwd(i) -> bwd(i);\n" >"$tmp/plain.piper"
 for ((r = 1; r <= rounds; ++r)); do
-  for plan in card streams plain; do
+  for run in card streams plain card:warm plain:warm; do
+    plan=${run%%:*} name=${run/:/_} recipe=()
+    [ "$run" = "$plan" ] || recipe=(--warmup-steps 100)
     mpirun -np 2 "$build/tools/piper-run" "$tmp/moe.pt" "$tmp/$plan.piper" --data "$root/data/corpus.txt" --steps 8 \
-      --batch-size 32 --metrics "$tmp/$plan.$r.jsonl" --trace "$tmp/$plan.$r.trace.json" >/dev/null
+      --batch-size 32 "${recipe[@]}" --metrics "$tmp/$name.$r.jsonl" --trace "$tmp/$name.$r.trace.json" >/dev/null
   done
 done
 /usr/bin/python3 - "$tmp" "$rounds" <<'PY'
@@ -62,15 +70,22 @@ def expert_ms(plan, r):  # per rank and expert piece (the pieces a combine follo
         if e["tid"] == "compute" and m and int(m.group(1)) in pieces:
             t[(e["pid"], int(m.group(1)))] += e["dur"] / 1e3 / steps
     return t
+def imbalance(plan, r):  # the busier rank's expert compute over the ranks' mean, summed over pieces
+    t = expert_ms(plan, r)
+    pieces = {p for _, p in t}
+    return sum(max(t[(0, p)], t[(1, p)]) for p in pieces) / sum((t[(0, p)] + t[(1, p)]) / 2 for p in pieces)
 def show(xs, fmt):
     return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
 print(f"design card, MoE d256 ffn1024 seq128, ep=2 on 2 ranks, mb=8, batch 32; medians of {rounds} rounds (min-max)")
-print(f"  {'plan':8s} {'all-to-all hidden':>22s} {'tokens/s':>20s} {'vs no-||':>20s}")
-for plan, label in (("card", "card"), ("streams", "streams"), ("plain", "no-||")):
+print(f"  {'plan':14s} {'all-to-all hidden':>20s} {'tokens/s':>18s} {'vs no-||':>18s} {'load imbalance':>18s}")
+for plan, label, base in (("card", "card", "plain"), ("streams", "streams", "plain"), ("plain", "no-||", "plain"),
+                          ("card_warm", "card, warm-up", "plain_warm"), ("plain_warm", "no-||, warm-up", "plain_warm")):
     h = [hidden(plan, r)[0] for r in range(1, rounds + 1)]
     t = [tokens(plan, r) for r in range(1, rounds + 1)]
-    ratio = [tokens(plan, r) / tokens("plain", r) for r in range(1, rounds + 1)]
-    print(f"  {label:8s} {show(h, '{:.3f}'):>22s} {show(t, '{:.0f}'):>20s} {show(ratio, '{:.2f}'):>20s}")
+    ratio = [tokens(plan, r) / tokens(base, r) for r in range(1, rounds + 1)]
+    load = [imbalance(plan, r) for r in range(1, rounds + 1)]
+    print(f"  {label:14s} {show(h, '{:.3f}'):>20s} {show(t, '{:.0f}'):>18s} {show(ratio, '{:.2f}'):>18s} "
+          f"{show(load, '{:.2f}'):>18s}")
 # Where the card's exposed exchange time is: the unpartnered exchanges, and inside the windows the
 # lighter rank's wait at a layer whose routing loads one rank's experts more (random init).
 share = [hidden("card", r, "unpartnered")[1] / hidden("card", r)[1] for r in range(1, rounds + 1)]
