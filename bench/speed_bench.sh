@@ -14,8 +14,11 @@
 #     model's 8 blocks and on ZB1P's last stage (layers 4-7 and the head, from the loss), and per
 #     stage from the pipelines' traces (there BW runs later than its BI, beside the other rank's work).
 #  3. the compute streams' idle fraction of every pipeline, from its traces (each round's median step;
-#     the median over rounds and their spread), beside the simulator's for the same plan and machine file (and 1F1B's formula, (p-1)/(m+p-1)): whether each schedule
-#     fills the bubbles it promises, a ratio within one run that the machine's drift does not move;
+#     the median over rounds and their spread), beside the simulator's for the same plan and machine
+#     file (and 1F1B's formula, (p-1)/(m+p-1)): whether each schedule fills the bubbles it promises.
+#     With it each rank's compute time per step over the simulated one: how far the run's costs moved
+#     from the profile's. A uniform drift scales a step and leaves its idle fraction; a drift that
+#     differs between the ranks, or between op kinds, opens waits the profiled schedule did not have;
 #  4. what the machine allows: two independent one-rank jobs (1 thread each) at once against one
 #     alone. Two ranks can go no faster than this, times 1 - bubble;
 #  5. data parallelism dp=2 with 1 MiB buckets (the model's 6.5 MB of gradients in 7 buckets): the

@@ -88,26 +88,33 @@ def union(iv):  # total length of the union of intervals
     return total
 
 
-def idle_measured(name, r):
+def step_measured(name, r):
     """Per rank, 1 - its compute time over the step: as the simulator counts it (step time - busy),
     the step running from the first op of any rank to the last of any (the trace's one time axis),
-    so a rank that finishes early idles until the step ends. The median step of round r."""
+    so a rank that finishes early idles until the step ends; and its compute time (seconds). Each
+    the median over the steps of round r."""
     ev = spans(name, r)
-    per_rank = []
+    idle, busy = [], []
     steps = sorted({e["args"]["step"] for e in ev})
     span = {}
     for step in steps:
         ops = [e for e in ev if e["args"]["step"] == step]
         span[step] = max(e["ts"] + e["dur"] for e in ops) - min(e["ts"] for e in ops)
     for rank in sorted({e["pid"] for e in ev}):
-        fr = []
+        fr, b = [], []
         for step in steps:
             comp = [(e["ts"], e["ts"] + e["dur"]) for e in ev
                     if e["pid"] == rank and e["args"]["step"] == step and e["tid"] == "compute"]
             if comp:
                 fr.append(1 - union(comp) / span[step])
-        per_rank.append(statistics.median(fr))
-    return statistics.mean(per_rank)
+                b.append(union(comp) / 1e6)
+        idle.append(statistics.median(fr))
+        busy.append(statistics.median(b))
+    return statistics.mean(idle), busy
+
+
+def idle_measured(name, r):
+    return step_measured(name, r)[0]
 
 
 def idle_simulated(name):
@@ -115,13 +122,24 @@ def idle_simulated(name):
     return statistics.mean(r["idle"] / (r["busy"] + r["idle"]) for r in ranks)
 
 
+def cost_drift(name):
+    """Per rank, its measured compute time per step over the simulated one (the profile's costs):
+    the median over rounds. Where the gap exceeds what the schedule explains, this says whether the
+    run's costs moved away from the profile's, and on which rank (a zero-bubble order fills the
+    gaps the profiled costs leave; a rank that runs slower or faster opens others)."""
+    sim = [r["busy"] for r in json.load(open(f"{tmp}/{name}.sim.json"))["ranks"]]
+    runs = [step_measured(name, r)[1] for r in range(1, rounds + 1)]
+    return [statistics.median(run[k] for run in runs) / sim[k] for k in range(len(sim))]
+
+
 for name, label in [("1f1b", "1F1B"), ("gpipe", "GPipe"), ("interleaved", "interleaved v=2"), ("zb1p", "ZB1P"),
                     ("dualpipev", "DualPipeV"), ("dualpipe", "DualPipe"), ("zbv", "ZBV"), ("vmin", "V-Min"), ("vhalf", "V-Half"),
                     ("interleaved_zb", "interleaved ZB v=2")]:
     idle = [idle_measured(name, r) for r in range(1, rounds + 1)]
     med, sim = statistics.median(idle), idle_simulated(name)
+    drift = "/".join(f"{x:.2f}" for x in cost_drift(name))
     print(f"   {label:18s} measured {med:.3f} ({min(idle):.3f}-{max(idle):.3f})   simulated {sim:.3f}   "
-          f"gap {med - sim:+.3f}")
+          f"gap {med - sim:+.3f}   compute run/sim per rank {drift}")
 p, m = 2, 8
 print(f"   (1F1B's formula (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.3f})")
 
