@@ -18,7 +18,10 @@
 #     file (and 1F1B's formula, (p-1)/(m+p-1)): whether each schedule fills the bubbles it promises.
 #     With it each rank's compute time per step over the simulated one: how far the run's costs moved
 #     from the profile's. A uniform drift scales a step and leaves its idle fraction; a drift that
-#     differs between the ranks, or between op kinds, opens waits the profiled schedule did not have;
+#     differs between the ranks, or between op kinds, opens waits the profiled schedule did not have.
+#     So each round is also simulated on its own trace's op times (piper-check --op-times, the median
+#     of each op from step 4 on, communication as the machine file prices it): the gap left there is
+#     the schedule model's (handoffs, waits, overlap), not the profile's;
 #  4. what the machine allows: two independent one-rank jobs (1 thread each) at once against one
 #     alone. Two ranks can go no faster than this, times 1 - bubble;
 #  5. data parallelism dp=2 with 1 MiB buckets (the model's 6.5 MB of gradients in 7 buckets): the
@@ -48,13 +51,16 @@ run() {  # name np strategy sets...
 "$build/tools/piper-model" moe --layers 4 --d-model 256 --ffn 1024 --seq 128 -o "$tmp/moe_big.pt" >/dev/null
 mpirun -np 2 "$build/tools/piper-run" "$tmp/m.pt" --profile "$tmp/machine.json" >/dev/null
 printf 'mesh dp = 2;\nreplicate * over dp bucket 1MiB on stream comm;\n' >"$tmp/dp_1mib.piper"
-for p in "1f1b 1f1b.piper" "gpipe gpipe.piper" "interleaved interleaved_1f1b.piper v=2" "zb1p zb1p.piper" \
-  "dualpipev dualpipev.piper" "dualpipe dualpipe.piper" "zbv zbv.piper" "vmin vmin.piper" "vhalf vhalf.piper" \
-  "interleaved_zb interleaved_zb.piper v=2"; do
-  read -r name file extra <<<"$p"
+pipelines=("1f1b 1f1b.piper" "gpipe gpipe.piper" "interleaved interleaved_1f1b.piper v=2" "zb1p zb1p.piper"
+  "dualpipev dualpipev.piper" "dualpipe dualpipe.piper" "zbv zbv.piper" "vmin vmin.piper" "vhalf vhalf.piper"
+  "interleaved_zb interleaved_zb.piper v=2")
+simulate() {  # pipeline output [piper-check options...]: the simulated step as JSON
+  local name file extra
+  read -r name file extra <<<"$1"
   "$build/tools/piper-check" "$tmp/m.pt" "$root/strategies/$file" --set pp=2 --set mb=8 ${extra:+--set $extra} \
-    --batch-size 16 --machine "$tmp/machine.json" --emit sim-json >"$tmp/$name.sim.json"
-done
+    --batch-size 16 --machine "$tmp/machine.json" --emit sim-json "${@:3}" >"$2"
+}
+for p in "${pipelines[@]}"; do simulate "$p" "$tmp/${p%% *}.sim.json"; done
 for r in $(seq 1 "$rounds"); do
   run single 1 single.piper "$r" mb=8
   run 1f1b 2 1f1b.piper "$r" pp=2 mb=8
@@ -83,6 +89,13 @@ mpirun -np 4 --oversubscribe "$build/tools/piper-run" "$tmp/moe.pt" "$root/strat
 mpirun -np 4 --oversubscribe "$build/tools/piper-run" "$tmp/moe_big.pt" "$root/strategies/dualpipev_ep.piper" --set pp=2 \
   --set ep=2 --set mb=16 --data "$root/data/corpus.txt" --steps 8 --batch-size 32 --metrics "$tmp/ep_big.1.jsonl" \
   --trace "$tmp/ep_big.1.trace.json" >/dev/null
+# Each run simulated again on its own compute (its trace's median op times from step 4 on, the
+# machine's communication): what remains between that and the run is the schedule model's.
+for p in "${pipelines[@]}"; do
+  for r in $(seq 1 "$rounds"); do
+    simulate "$p" "$tmp/${p%% *}.$r.replay.json" --op-times "$tmp/${p%% *}.$r.trace.json" --op-times-from 4
+  done
+done
 {
   "$build/bench/piper-bench-split" "$tmp/m.pt" 1 8 2 15
   "$build/bench/piper-bench-split" "$tmp/m.pt" 5 9 2 15

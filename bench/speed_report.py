@@ -76,7 +76,9 @@ for stage in sorted({k[0] for k in b}):
               f"{(bi + bw) / b[(stage, 'B')]:.3f}x B")
 
 print("3. idle fraction of the compute streams (mean over ranks; measured: each round's median step, over the step's"
-      " span on all ranks, as simulated; the median over rounds and their min-max)")
+      " span on all ranks, as simulated; the median over rounds and their min-max); simulated on the profile, and"
+      " each round simulated again on its own op times (piper-check --op-times: the gap left is the schedule"
+      " model's, not the costs')")
 
 
 def union(iv):  # total length of the union of intervals
@@ -117,9 +119,9 @@ def idle_measured(name, r):
     return step_measured(name, r)[0]
 
 
-def idle_simulated(name):
-    ranks = json.load(open(f"{tmp}/{name}.sim.json"))["ranks"]
-    return statistics.mean(r["idle"] / (r["busy"] + r["idle"]) for r in ranks)
+def idle_simulated(name, r=None):  # on the profile's costs, or round r's run's own op times
+    ranks = json.load(open(f"{tmp}/{name}.sim.json" if r is None else f"{tmp}/{name}.{r}.replay.json"))["ranks"]
+    return statistics.mean(x["idle"] / (x["busy"] + x["idle"]) for x in ranks)
 
 
 def cost_drift(name):
@@ -138,8 +140,10 @@ for name, label in [("1f1b", "1F1B"), ("gpipe", "GPipe"), ("interleaved", "inter
     idle = [idle_measured(name, r) for r in range(1, rounds + 1)]
     med, sim = statistics.median(idle), idle_simulated(name)
     drift = "/".join(f"{x:.2f}" for x in cost_drift(name))
+    gaps = [idle_measured(name, r) - idle_simulated(name, r) for r in range(1, rounds + 1)]
     print(f"   {label:18s} measured {med:.3f} ({min(idle):.3f}-{max(idle):.3f})   simulated {sim:.3f}   "
-          f"gap {med - sim:+.3f}   compute run/sim per rank {drift}")
+          f"gap {med - sim:+.3f}   compute run/sim per rank {drift}   on the run's op times: gap "
+          f"{statistics.median(gaps):+.3f} ({min(gaps):+.3f} to {max(gaps):+.3f})")
 p, m = 2, 8
 print(f"   (1F1B's formula (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.3f})")
 

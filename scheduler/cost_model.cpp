@@ -460,6 +460,8 @@ bool CostModel::measured(const ir::Graph& g) const {
 
 double CostModel::cost(const ir::Graph& g, const ir::Node& n, int64_t group_size, double share) const {
   using ir::Op;
+  if (!measured_ops_.empty() && ir::is_chunk(n.op))
+    if (auto it = measured_ops_.find(ir::token(n)); it != measured_ops_.end()) return it->second;
   if (unit_) {
     switch (n.op) {
       case Op::F: return unit_->F * share;

@@ -109,6 +109,9 @@ class CostModel {
   // An overlapped group's duration given its members' costs.
   double overlap(double sum_of_members) const { return unit_ && unit_->FB ? *unit_->FB : sum_of_members; }
   bool is_unit() const { return unit_.has_value(); }
+  // Chunk times measured in a run, by op token (op_times_from_trace): a chunk listed here costs what
+  // it took there, whatever the machine or units say; the rest, communication included, as before.
+  void set_measured_ops(std::map<std::string, double> seconds) { measured_ops_ = std::move(seconds); }
   const std::optional<Machine>& machine_desc() const { return machine_; }
   // The collectives a piece runs inside (tensor parallelism's all-reduces, context parallelism's
   // ring exchanges; none elsewhere): how many, the bytes they move, their seconds on the axis's tiers
@@ -127,6 +130,7 @@ class CostModel {
  private:
   std::optional<UnitCosts> unit_;
   std::optional<Machine> machine_;
+  std::map<std::string, double> measured_ops_;
   std::vector<std::string> axes_;
   int64_t samples_ = 1;
   std::vector<std::optional<RegionTimes>> region_times_;  // by RegionId; empty where not measured

@@ -74,11 +74,15 @@ std::optional<CostModel> cost_model(const PlanOptions& o, const std::optional<Ma
       r.io_error = error;
       return std::nullopt;
     }
-    return CostModel::unit(*unit);
+    CostModel m = CostModel::unit(*unit);
+    m.set_measured_ops(o.measured_ops);
+    return m;
   }
   std::vector<std::string> axes;
   for (const auto& a : g.facts.mesh.axes()) axes.push_back(a.name);
-  return CostModel::machine(*machine, axes, g.facts.samples_per_microbatch, manifest);
+  CostModel m = CostModel::machine(*machine, axes, g.facts.samples_per_microbatch, manifest);
+  m.set_measured_ops(o.measured_ops);
+  return m;
 }
 
 // Over budget: the error names the directive that decides the most memory — replication (ZeRO) for

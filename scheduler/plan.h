@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +24,9 @@ struct PlanOptions {
   std::string machine_path;             // costs from a machine description; empty: unit costs
   std::string machine_text;             // the description itself, instead of reading machine_path (the profiler's)
   std::string cost_spec;                // unit costs, F=1,B=2,W=1,comm=0 (when no machine)
+  // Chunk times measured in a run, by op token (piper-check --op-times): they replace the costs of
+  // the chunks they name, so the simulation runs on that run's compute (op_times.h).
+  std::map<std::string, double> measured_ops;
   std::optional<double> memory_budget;  // bytes per device; exceeding it is an error at the directive that decides
   bool verify_each = false;             // the DAG verifier after every lowering pass
   std::string optimizer = "adamw";      // what the executor will step (its state is part of memory)

@@ -33,6 +33,17 @@ contains err "cannot open" "I/O message"
 expect 2 "missing model file" -- "$check" "$tmp/none.pt" "$root/strategies/dp.piper"
 expect 2 "no arguments" -- "$check"
 expect 2 "unknown emit mode" -- "$check" "$gpt" "$root/strategies/dp.piper" --emit nonsense
+# --op-times: a run's trace prices the chunks it names; a file that is not one is a usage error.
+printf '{"traceEvents": [{"ph": "X", "pid": 0, "tid": "compute", "name": "1F0", "ts": 0, "dur": 900000, "args": {"step": 4}}]}' \
+  >"$tmp/run.trace.json"
+expect 0 "--op-times" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --set pp=2 --set mb=4 --op-times "$tmp/run.trace.json" \
+  --emit sim-json
+contains out '"step_time": 14.9' "a measured chunk sets its cost (1F1B pp=2 mb=4: 15 units; 1F0, on the critical path, 0.9 for 1)"
+echo '{"traceEvents": [' >"$tmp/broken.json"
+expect 2 "--op-times on a broken trace" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --op-times "$tmp/broken.json"
+contains err "--op-times $tmp/broken.json: not a trace" "names the file and why"
+expect 2 "--op-times on a missing file" -- "$check" "$gpt" "$root/strategies/1f1b.piper" --op-times "$tmp/none.json"
+contains err "cannot read it" "missing trace"
 expect 0 "--version" -- "$check" --version
 contains out "piper-check" "version text"
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <iostream>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include "lang/report.h"
 #include "lang/units.h"
 #include "scheduler/emit.h"
+#include "scheduler/op_times.h"
 #include "scheduler/plan.h"
 #include "scheduler/report.h"
 
@@ -73,7 +75,19 @@ struct CheckArgs {
   bool verify = false, list_emits = false, list_passes = false, verify_each = false, simulate = false, fit = false;
   bool global_norm = false;
   std::string print_after, cost_spec, machine_path, budget_text, hosts, report;
+  std::string op_times_path;  // --op-times: a run's trace, read into measured_ops
+  int op_times_from = 4;
+  std::map<std::string, double> measured_ops;
 };
+
+// --op-times TRACE: the run's chunk times, or a usage error that says why not.
+bool load_op_times(CheckArgs& a) {
+  if (a.op_times_path.empty()) return true;
+  std::string why;
+  a.measured_ops = sched::read_op_times(a.op_times_path, a.op_times_from, &why);
+  if (a.measured_ops.empty()) fmt::print(stderr, "piper-check: error: --op-times {}: {}\n", a.op_times_path, why);
+  return !a.measured_ops.empty();
+}
 
 // --hosts HOSTSxRANKS ("2x4": ranks 0-3 on the first host, 4-7 on the second), as mpirun fills a
 // hostfile's slots.
@@ -110,6 +124,11 @@ std::optional<int> parse(int argc, char** argv, CheckArgs& a) {
                "--emit report, else to stdout beside -o FILE or to stderr");
   app.add_option("--machine", a.machine_path, "machine description for costs (machines/h100.json, a100, h200, unit)");
   app.add_option("--cost", a.cost_spec, "unit costs instead of a machine: F=1,B=2,W=1,comm=0[,FB=..] (the default)");
+  app.add_option("--op-times", a.op_times_path,
+                 "simulate on a run's compute: its trace (piper-run --trace) gives each chunk its median time; "
+                 "communication as the machine or units price it");
+  app.add_option("--op-times-from", a.op_times_from, "the first step --op-times reads (the earlier ones warm up)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_flag("--clip-grad-norm", a.global_norm,
                "plan for clipping by the global gradient norm, as piper-run --clip-grad-norm runs it (its all-reduce)");
   app.add_option("--hosts", a.hosts, "HOSTSxRANKS: the ranks on hosts in order (2x4: ranks 0-3 on one, 4-7 on the next); "
@@ -143,6 +162,7 @@ std::optional<int> parse(int argc, char** argv, CheckArgs& a) {
     fmt::print(stderr, "piper-check: error: --hosts '{}': expected HOSTSxRANKS, e.g. 2x4\n", a.hosts);
     return kUsage;
   }
+  if (!load_op_times(a)) return kUsage;
   if (!a.budget_text.empty() && !parse_size(a.budget_text)) {
     fmt::print(stderr, "piper-check: error: --memory-budget: '{}' is not a size like 80GiB\n", a.budget_text);
     return kUsage;
@@ -162,6 +182,7 @@ sched::PlanOptions plan_options(const CheckArgs& a) {
   opt.cost_spec = a.cost_spec;
   opt.verify_each = a.verify_each;
   opt.global_norm = a.global_norm;
+  opt.measured_ops = a.measured_ops;
   if (auto h = parse_hosts(a.hosts)) opt.host_of = *h;
   return opt;
 }

@@ -1,0 +1,57 @@
+// The trace is Chrome's format as piper-run writes it: complete events ("ph": "X") with a duration
+// in microseconds, the stream as "tid" and the step in "args". A plan's simulation on these times
+// (piper-check --op-times) keeps the machine's communication costs and replaces only the compute:
+// what is left between it and the run is the schedule model's (waits, handoffs, overlap), not the
+// profile's drift.
+#include "scheduler/op_times.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace piper::sched {
+
+std::map<std::string, double> op_times_from_trace(const std::string& trace_json, int first_step, std::string* error) {
+  const nlohmann::json t = nlohmann::json::parse(trace_json, nullptr, /*allow_exceptions=*/false);
+  if (t.is_discarded() || !t.is_object() || !t.contains("traceEvents") || !t["traceEvents"].is_array()) {
+    *error = "not a trace: expected a JSON object with a \"traceEvents\" array (piper-run --trace)";
+    return {};
+  }
+  std::map<std::string, std::vector<double>> seen;
+  for (const auto& e : t["traceEvents"]) {
+    if (!e.is_object() || e.value("ph", "") != "X" || !e.contains("tid") || e["tid"] != "compute") continue;
+    const auto args = e.find("args");
+    if (args == e.end() || !args->is_object() || !args->contains("step") || !(*args)["step"].is_number_integer() ||
+        !e.contains("name") || !e["name"].is_string() || !e.contains("dur") || !e["dur"].is_number())
+      continue;
+    if ((*args)["step"].get<int>() < first_step) continue;
+    seen[e["name"].get<std::string>()].push_back(e["dur"].get<double>() * 1e-6);
+  }
+  if (seen.empty()) {
+    *error = fmt::format("the trace holds no compute op at step {} or later", first_step);
+    return {};
+  }
+  std::map<std::string, double> out;
+  for (auto& [name, d] : seen) {
+    std::nth_element(d.begin(), d.begin() + static_cast<long>(d.size() / 2), d.end());
+    out[name] = d[d.size() / 2];  // the upper median: one run's value, not an average of two
+  }
+  return out;
+}
+
+std::map<std::string, double> read_op_times(const std::string& path, int first_step, std::string* error) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) {
+    *error = "cannot read it";
+    return {};
+  }
+  return op_times_from_trace(text.str(), first_step, error);
+}
+
+}  // namespace piper::sched
