@@ -15,7 +15,7 @@
 
 namespace piper::sched {
 
-std::map<std::string, double> op_times_from_trace(const std::string& trace_json, int first_step, std::string* error) {
+std::map<std::string, double> op_times_from_trace(const std::string& trace_json, StepRange steps, std::string* error) {
   const nlohmann::json t = nlohmann::json::parse(trace_json, nullptr, /*allow_exceptions=*/false);
   if (t.is_discarded() || !t.is_object() || !t.contains("traceEvents") || !t["traceEvents"].is_array()) {
     *error = "not a trace: expected a JSON object with a \"traceEvents\" array (piper-run --trace)";
@@ -28,11 +28,13 @@ std::map<std::string, double> op_times_from_trace(const std::string& trace_json,
     if (args == e.end() || !args->is_object() || !args->contains("step") || !(*args)["step"].is_number_integer() ||
         !e.contains("name") || !e["name"].is_string() || !e.contains("dur") || !e["dur"].is_number())
       continue;
-    if ((*args)["step"].get<int>() < first_step) continue;
+    if (const int step = (*args)["step"].get<int>(); step < steps.first || step > steps.last) continue;
     seen[e["name"].get<std::string>()].push_back(e["dur"].get<double>() * 1e-6);
   }
   if (seen.empty()) {
-    *error = fmt::format("the trace holds no compute op at step {} or later", first_step);
+    *error = steps.last == std::numeric_limits<int>::max()
+                 ? fmt::format("the trace holds no compute op at step {} or later", steps.first)
+                 : fmt::format("the trace holds no compute op in steps {} to {}", steps.first, steps.last);
     return {};
   }
   std::map<std::string, double> out;
@@ -43,7 +45,7 @@ std::map<std::string, double> op_times_from_trace(const std::string& trace_json,
   return out;
 }
 
-std::map<std::string, double> read_op_times(const std::string& path, int first_step, std::string* error) {
+std::map<std::string, double> read_op_times(const std::string& path, StepRange steps, std::string* error) {
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
@@ -51,7 +53,7 @@ std::map<std::string, double> read_op_times(const std::string& path, int first_s
     *error = "cannot read it";
     return {};
   }
-  return op_times_from_trace(text.str(), first_step, error);
+  return op_times_from_trace(text.str(), steps, error);
 }
 
 }  // namespace piper::sched

@@ -29,25 +29,33 @@ TEST_CASE("a run's trace gives each compute op its median over the steps from th
                                             event(0, "compute", "0F0", 1000, 4), event(0, "compute", "0F0", 3000, 5),
                                             event(1, "compute", "0F0", 2000, 4),  // a replica's, on rank 1
                                             event(0, "comm", "0SEND_F0", 5000, 4), event(1, "compute", "1BI0.s1", 700, 6)}),
-                                     4, &error);
+                                     {4}, &error);
   CHECK(error.empty());
   REQUIRE(t.size() == 2);  // the send is communication: priced by the machine, not by the run
   CHECK(t.at("0F0") == doctest::Approx(0.002));
   CHECK(t.at("1BI0.s1") == doctest::Approx(0.0007));
+  // One step: its own times.
+  const auto five = op_times_from_trace(trace({event(0, "compute", "0F0", 1000, 4), event(0, "compute", "0F0", 3000, 5),
+                                               event(0, "compute", "0F0", 8000, 6)}),
+                                        {5, 5}, &error);
+  REQUIRE(five.size() == 1);
+  CHECK(five.at("0F0") == doctest::Approx(0.003));
 }
 
 TEST_CASE("text that is not a trace, or holds no compute at the steps read, is refused with the reason") {
   std::string error;
-  CHECK(op_times_from_trace("{\"traceEvents\": [", 1, &error).empty());
+  CHECK(op_times_from_trace("{\"traceEvents\": [", {}, &error).empty());
   CHECK(error.find("not a trace") != std::string::npos);
   error.clear();
-  CHECK(op_times_from_trace(R"({"other": []})", 1, &error).empty());
+  CHECK(op_times_from_trace(R"({"other": []})", {}, &error).empty());
   CHECK(error.find("traceEvents") != std::string::npos);
   error.clear();
-  CHECK(op_times_from_trace(trace({event(0, "compute", "0F0", 1000, 2)}), 4, &error).empty());
+  CHECK(op_times_from_trace(trace({event(0, "compute", "0F0", 1000, 2)}), {4}, &error).empty());
   CHECK(error == "the trace holds no compute op at step 4 or later");
+  CHECK(op_times_from_trace(trace({event(0, "compute", "0F0", 1000, 2)}), {3, 5}, &error).empty());
+  CHECK(error == "the trace holds no compute op in steps 3 to 5");
   error.clear();
-  CHECK(read_op_times("/nonexistent/trace.json", 4, &error).empty());
+  CHECK(read_op_times("/nonexistent/trace.json", {4}, &error).empty());
   CHECK(error == "cannot read it");
 }
 

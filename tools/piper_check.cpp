@@ -76,7 +76,7 @@ struct CheckArgs {
   bool global_norm = false;
   std::string print_after, cost_spec, machine_path, budget_text, hosts, report;
   std::string op_times_path;  // --op-times: a run's trace, read into measured_ops
-  int op_times_from = 4;
+  sched::StepRange op_times_steps{4};
   std::map<std::string, double> measured_ops;
 };
 
@@ -84,7 +84,7 @@ struct CheckArgs {
 bool load_op_times(CheckArgs& a) {
   if (a.op_times_path.empty()) return true;
   std::string why;
-  a.measured_ops = sched::read_op_times(a.op_times_path, a.op_times_from, &why);
+  a.measured_ops = sched::read_op_times(a.op_times_path, a.op_times_steps, &why);
   if (a.measured_ops.empty()) fmt::print(stderr, "piper-check: error: --op-times {}: {}\n", a.op_times_path, why);
   return !a.measured_ops.empty();
 }
@@ -127,8 +127,11 @@ std::optional<int> parse(int argc, char** argv, CheckArgs& a) {
   app.add_option("--op-times", a.op_times_path,
                  "simulate on a run's compute: its trace (piper-run --trace) gives each chunk its median time; "
                  "communication as the machine or units price it");
-  app.add_option("--op-times-from", a.op_times_from, "the first step --op-times reads (the earlier ones warm up)")
+  app.add_option("--op-times-from", a.op_times_steps.first, "the first step --op-times reads (the earlier ones warm up)")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--op-times-to", a.op_times_steps.last, "the last step --op-times reads (the same as --op-times-from: "
+                 "that step's own times); default the trace's last")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--clip-grad-norm", a.global_norm,
                "plan for clipping by the global gradient norm, as piper-run --clip-grad-norm runs it (its all-reduce)");
   app.add_option("--hosts", a.hosts, "HOSTSxRANKS: the ranks on hosts in order (2x4: ranks 0-3 on one, 4-7 on the next); "
