@@ -56,4 +56,17 @@ std::map<std::string, double> read_op_times(const std::string& path, StepRange s
   return op_times_from_trace(text.str(), steps, error);
 }
 
+std::optional<Schedule> retime(const ir::Graph& g, const Schedule& planned, const CostModel& measured,
+                               DiagnosticEngine& diags) {
+  // The order as edges between each stream's consecutive ops: same-stream, so they add no event
+  // waits, and the list scheduler has no choice left but when each op starts.
+  ir::Graph pinned = g;
+  for (const ClassProgram& c : planned.classes)
+    for (const StreamProgram& p : c.streams)
+      for (size_t i = 1; i < p.ops.size(); ++i)
+        if (p.window.empty() || p.window[i] < 0 || p.window[i] != p.window[i - 1])
+          pinned.connect(p.ops[i - 1], p.ops[i], ir::EdgeKind::Temporal);
+  return schedule(pinned, measured, diags);
+}
+
 }  // namespace piper::sched

@@ -2,7 +2,10 @@
 #pragma once
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
+
+#include "scheduler/schedule.h"
 
 namespace piper::sched {
 
@@ -17,5 +20,13 @@ struct StepRange {
 std::map<std::string, double> op_times_from_trace(const std::string& trace_json, StepRange steps, std::string* error);
 // The same from the file at `path` (an unreadable file: nothing, and why).
 std::map<std::string, double> read_op_times(const std::string& path, StepRange steps, std::string* error);
+
+// The plan's own programs timed on `measured` costs: every (class, stream) runs the ops `planned`
+// orders, in that order, as the executor does (an overlap window's pieces excepted: the executor
+// runs whichever is ready first, and so does this). Scheduling afresh on the new costs could pick
+// another order than the one that ran (a backward ready before a forward it followed), and then
+// the simulation would not be of the run.
+std::optional<Schedule> retime(const ir::Graph& g, const Schedule& planned, const CostModel& measured,
+                               DiagnosticEngine& diags);
 
 }  // namespace piper::sched

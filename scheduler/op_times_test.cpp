@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "tests/plan_fixture.h"
 
@@ -20,6 +21,13 @@ std::string trace(const std::vector<std::string>& events) {
   for (const auto& e : events) out += e + ",";
   out.back() = ']';
   return out + "}";
+}
+// 1F1B pp=2 mb=4 under unit costs F=1, B=2.
+sched::PlanOptions unit_1f1b() {
+  sched::PlanOptions opt;
+  opt.cmd.sets = {"pp=2", "mb=4"};
+  opt.cost_spec = "F=1,B=2,W=1,comm=0";
+  return opt;
 }
 }  // namespace
 
@@ -65,9 +73,7 @@ TEST_CASE("text that is not a trace, or holds no compute at the steps read, is r
 // once filled, and stage 0 waits on each of its handoffs).
 TEST_CASE("measured chunk times replace the model's for the chunks they name, and the schedule follows") {
   Planner f("gpt8");
-  sched::PlanOptions opt;
-  opt.cmd.sets = {"pp=2", "mb=4"};
-  opt.cost_spec = "F=1,B=2,W=1,comm=0";
+  sched::PlanOptions opt = unit_1f1b();
   auto plain = f.compile("use \"1f1b.piper\";\n", opt);
   REQUIRE_MESSAGE(plain.has_value(), f.errors());
   for (int i = 0; i < 4; ++i) opt.measured_ops[fmt::format("1F{}", i)] = 3;
@@ -79,4 +85,36 @@ TEST_CASE("measured chunk times replace the model's for the chunks they name, an
     else CHECK(after == before);
   }
   CHECK(measured->schedule.step_time == doctest::Approx(plain->schedule.step_time + 8));
+}
+
+// What runs is the plan's programs (piper-run schedules on the machine file, not on the trace), so
+// the measured times re-time those programs; they are not scheduled afresh. 1F1B pp=2 mb=4 under
+// unit costs runs stage 0 as 0F0 0F1 0B0 0F2 0B1 ...; with stage 1 nearly free and 0B0 long, 0B1 is
+// ready before 0B0 ends, and a fresh schedule would run it before 0F2 (backward first on a tie).
+TEST_CASE("measured times re-time the plan's own programs, in their order, not a fresh schedule") {
+  Planner f("gpt8");
+  sched::PlanOptions opt = unit_1f1b();
+  auto plain = f.compile("use \"1f1b.piper\";\n", opt);
+  REQUIRE_MESSAGE(plain.has_value(), f.errors());
+  for (int i = 0; i < 4; ++i) opt.measured_ops[fmt::format("1F{}", i)] = opt.measured_ops[fmt::format("1B{}", i)] = 0.01;
+  opt.measured_ops["0B0"] = 5;
+  auto measured = f.compile("use \"1f1b.piper\";\n", opt);
+  REQUIRE_MESSAGE(measured.has_value(), f.errors());
+  auto order = [](const Plan& p, int32_t rank) {
+    std::vector<std::string> out;
+    const ClassProgram& c = p.schedule.classes[static_cast<size_t>(p.schedule.class_of_rank(rank))];
+    for (const StreamProgram& s : c.streams)
+      if (p.dag.streams[static_cast<size_t>(s.stream)] == "compute")
+        for (ir::NodeId v : s.ops) out.push_back(ir::token(p.dag.nodes[static_cast<size_t>(v)]));
+    return fmt::format("{}", fmt::join(out, " "));
+  };
+  CHECK(order(*plain, 0) == "0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3 0U");
+  CHECK(order(*measured, 0) == order(*plain, 0));
+  CHECK(order(*measured, 1) == order(*plain, 1));
+  // Scheduled afresh on the same costs, the order would not be the one that ran.
+  auto fresh = schedule(measured->dag, measured->costs, f.diags);
+  REQUIRE(fresh.has_value());
+  Plan other = *measured;
+  other.schedule = *fresh;
+  CHECK(order(other, 0) != order(*plain, 0));
 }

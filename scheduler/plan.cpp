@@ -1,5 +1,6 @@
 #include "scheduler/plan.h"
 
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -12,6 +13,7 @@
 #include "ir/emit.h"
 #include "ir/lower.h"
 #include "lang/units.h"
+#include "scheduler/op_times.h"
 
 namespace piper::sched {
 
@@ -74,15 +76,11 @@ std::optional<CostModel> cost_model(const PlanOptions& o, const std::optional<Ma
       r.io_error = error;
       return std::nullopt;
     }
-    CostModel m = CostModel::unit(*unit);
-    m.set_measured_ops(o.measured_ops);
-    return m;
+    return CostModel::unit(*unit);
   }
   std::vector<std::string> axes;
   for (const auto& a : g.facts.mesh.axes()) axes.push_back(a.name);
-  CostModel m = CostModel::machine(*machine, axes, g.facts.samples_per_microbatch, manifest);
-  m.set_measured_ops(o.measured_ops);
-  return m;
+  return CostModel::machine(*machine, axes, g.facts.samples_per_microbatch, manifest);
 }
 
 // Over budget: the error names the directive that decides the most memory — replication (ZeRO) for
@@ -163,6 +161,10 @@ PlanResult compile_checked(PlanResult r, const PlanOptions& o, const std::option
   }
   t = Clock::now();
   auto sch = schedule(*g, *costs, diags);
+  if (sch && !o.measured_ops.empty()) {  // the programs just made (what piper-run runs), on a run's times
+    costs->set_measured_ops(o.measured_ops);
+    sch = retime(*g, *sch, *costs, diags);
+  }
   if (sch)
     if (auto hang = find_deadlock(*g, *sch)) {
       diags.error(SourceLoc{}, *hang);
