@@ -1,6 +1,5 @@
 #include "scheduler/plan.h"
 
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
