@@ -143,48 +143,50 @@ TEST_CASE("ZBV: idle (PP-1) F, the last rank's fill, activations near 1F1B's, PP
   }
 }
 
-// V-Min under unit costs (per chunk F = I = W = 1): its building block's fill and drain idle every
-// rank 4*pp-5 chunk-times, the published 2B/3 + O(n) (B = 1F1B's (pp-1)(F+B) in stage time, 4(pp-1)
-// chunks) one chunk under it; activations fall towards the published third of 1F1B's as pp grows.
-TEST_CASE("V-Min: idle 4*pp-5 chunks (2B/3), activations 0.62x, 0.56x, 0.42x of 1F1B's, PP 4, 8, 16") {
-  const std::map<int, double> ratio{{4, 0.62}, {8, 0.56}, {16, 0.42}};
+// A controllable-memory V schedule under unit costs (per chunk F = I = W = 1), at PP 4, 8, 16 with
+// 2*pp microbatches: every rank idles `idle(pp)` chunk-times, under `published` x B (B = 1F1B's
+// (pp-1)(F+B) in stage time; a chunk is half a stage); its fullest rank's activations are `ratio`
+// of 1F1B's, under `below_zbv` x ZBV's (the same placement at its 1x) and above `above`'s, if named.
+namespace {
+struct VSchedule {
+  const char* file;
+  int (*idle)(int pp);
+  double published;
+  std::map<int, double> ratio;
+  double below_zbv;
+  const char* above = nullptr;
+};
+void check_v_schedule(const VSchedule& v) {
+  auto use = [](const char* file) { return fmt::format("use \"{}\";\n", file); };
   for (int p : {4, 8, 16}) {
     CAPTURE(p);
     Planner f("gpt32");
     const std::vector<std::string> sets{fmt::format("pp={}", p), fmt::format("mb={}", 2 * p)};
-    auto vmin = plan(f, "use \"vmin.piper\";\n", sets);
-    auto [idle, step] = bubble(vmin);
-    CHECK(idle == doctest::Approx(4 * p - 5));
-    auto onefb = plan(f, "use \"1f1b.piper\";\n", sets);
-    const double published = 2.0 / 3.0 * bubble(onefb).first;  // 2B/3 in stage time
-    CHECK(idle / 2 < published);                                // a chunk is half a stage
-    CHECK(act(vmin) / act(onefb) == doctest::Approx(ratio.at(p)).epsilon(0.02));
-    // Against ZBV, the same placement at its 1x: the memory V-Min buys with its bubble.
-    CHECK(act(vmin) < 0.5 * act(plan(f, "use \"zbv.piper\";\n", sets)));
+    auto pl = plan(f, use(v.file), sets);
+    const double idle = bubble(pl).first;
+    CHECK(idle == doctest::Approx(v.idle(p)));
+    auto onefb = plan(f, use("1f1b.piper"), sets);
+    CHECK(idle / 2 < v.published * bubble(onefb).first);
+    CHECK(act(pl) / act(onefb) == doctest::Approx(v.ratio.at(p)).epsilon(0.02));
+    CHECK(act(pl) < v.below_zbv * act(plan(f, use("zbv.piper"), sets)));  // the memory its bubble buys
+    if (v.above) CHECK(act(pl) > act(plan(f, use(v.above), sets)));        // and what the other's buys
   }
 }
+}  // namespace
 
-// V-Half from its library files (the published construction's output, strategies/vhalf/): with
-// unit costs each rank idles 3*pp-7 chunk-times, under the published B/2 (B = 1F1B's (pp-1)(F+B)
-// in stage time, 3*pp-3 chunks); activations fall towards the published half of 1F1B's (the block
-// holds pp+2 chunks against 1F1B's 2*pp; the squeeze fills every rank up to the fullest rank's
-// count, the last rank's fill most), between V-Min's and ZBV's.
+// V-Min: its building block's fill and drain idle every rank 4*pp-5 chunk-times, one chunk under
+// the published 2B/3 + O(n); activations fall towards the published third of 1F1B's as pp grows.
+TEST_CASE("V-Min: idle 4*pp-5 chunks (2B/3), activations 0.62x, 0.56x, 0.42x of 1F1B's, PP 4, 8, 16") {
+  check_v_schedule({"vmin.piper", [](int p) { return 4 * p - 5; }, 2.0 / 3.0, {{4, 0.62}, {8, 0.56}, {16, 0.42}}, 0.5});
+}
+
+// V-Half from its library files (the published construction's output, strategies/vhalf/): each rank
+// idles 3*pp-7 chunk-times, under the published B/2 (3*pp-3 chunks); activations fall towards the
+// published half of 1F1B's (the block holds pp+2 chunks against 1F1B's 2*pp; the squeeze fills every
+// rank up to the fullest rank's count, the last rank's fill most), between V-Min's and ZBV's.
 TEST_CASE("V-Half: idle 3*pp-7 chunks (under B/2), activations 0.97x, 0.73x, 0.62x of 1F1B's, PP 4, 8, 16") {
-  const std::map<int, double> ratio{{4, 0.967}, {8, 0.735}, {16, 0.619}};
-  for (int p : {4, 8, 16}) {
-    CAPTURE(p);
-    Planner f("gpt32");
-    const std::vector<std::string> sets{fmt::format("pp={}", p), fmt::format("mb={}", 2 * p)};
-    auto vhalf = plan(f, "use \"vhalf.piper\";\n", sets);
-    auto [idle, step] = bubble(vhalf);
-    CHECK(idle == doctest::Approx(3 * p - 7));
-    auto onefb = plan(f, "use \"1f1b.piper\";\n", sets);
-    const double published = 0.5 * bubble(onefb).first;  // B/2 in stage time
-    CHECK(idle / 2 < published);                         // a chunk is half a stage
-    CHECK(act(vhalf) / act(onefb) == doctest::Approx(ratio.at(p)).epsilon(0.02));
-    CHECK(act(vhalf) < 0.8 * act(plan(f, "use \"zbv.piper\";\n", sets)));  // what its bubble buys
-    CHECK(act(vhalf) > act(plan(f, "use \"vmin.piper\";\n", sets)));       // and what V-Min's more buys
-  }
+  check_v_schedule({"vhalf.piper", [](int p) { return 3 * p - 7; }, 0.5, {{4, 0.967}, {8, 0.735}, {16, 0.619}}, 0.8,
+                    "vmin.piper"});
 }
 
 TEST_CASE("ZBV follows torch's ScheduleZBVZeroBubble order, phase by phase") {
