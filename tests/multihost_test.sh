@@ -151,10 +151,11 @@ rc=$?
 echo "multihost_test: killing host h1 ended the job in $((SECONDS - t0)) s (exit $rc)"
 { [ "$rc" != 0 ] && [ "$rc" != 124 ] && ((SECONDS - t0 <= 30)); } || fail "host h1 killed: exit $rc after $((SECONDS - t0)) s"
 # mpirun stops h0's ranks (SIGTERM): each says where it was, naming the host it waited on (a receive
-# from rank 2 on host h1; between steps, the all-reduce over hosts h0, h1); its ranks are in the host
-# map piper-run printed at the start. (Open MPI's own message blames daemons that failed to start.)
+# from rank 2 on host h1; between steps, the all-reduce over hosts h0, h1; at a step's end, the
+# loss's all-reduce over them); its ranks are in the host map piper-run printed at the start. (Open
+# MPI's own message blames daemons that failed to start.)
 for r in 0 1; do
-  grep -qE "rank $r on host h0: stopped by the launcher \(SIGTERM\) (during step|after step)" "$tmp/out" ||
+  grep -qE "rank $r on host h0: stopped by the launcher \(SIGTERM\) (during step|after step|in step [0-9]+, the loss's all-reduce)" "$tmp/out" ||
     fail "rank $r does not say where it was stopped: $(grep -v '^step' "$tmp/out" | grep -v '^\[h0')"
 done
 grep -qE "on host h1\)|on hosts h0, h1\)" "$tmp/out" && grep -qF "h1: ranks 2-3" "$tmp/out" ||
