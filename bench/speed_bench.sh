@@ -19,9 +19,10 @@
 #     With it each rank's compute time per step over the simulated one: how far the run's costs moved
 #     from the profile's. A uniform drift scales a step and leaves its idle fraction; a drift that
 #     differs between the ranks, or between op kinds, opens waits the profiled schedule did not have.
-#     So each step after warm-up is also simulated on its own op times (piper-check --op-times,
-#     communication as the machine file prices it): the gap left there, per step, is the schedule
-#     model's (handoffs, waits, overlap), not the profile's nor the step-to-step noise;
+#     So each round is also simulated on its own op times (piper-check --op-times over steps 4-12,
+#     communication as the machine file prices it), and each step after warm-up on that step's: the
+#     gap left there is the schedule model's (handoffs, waits, overlap), not the profile's nor, per
+#     step, the step-to-step noise;
 #  4. what the machine allows: two independent one-rank jobs (1 thread each) at once against one
 #     alone. Two ranks can go no faster than this, times 1 - bubble;
 #  5. data parallelism dp=2 with 1 MiB buckets (the model's 6.5 MB of gradients in 7 buckets): the
@@ -91,8 +92,11 @@ mpirun -np 4 --oversubscribe "$build/tools/piper-run" "$tmp/moe_big.pt" "$root/s
   --trace "$tmp/ep_big.1.trace.json" >/dev/null
 # Each step after warm-up simulated again on its own compute (the trace's op times of that step, the
 # machine's communication): what remains between that and the step as it ran is the schedule model's.
+# Each round also on its op times over all those steps (each op's median): the costs the round had,
+# drift between ranks and op kinds included, without the step-to-step noise.
 for p in "${pipelines[@]}"; do
   for r in $(seq 1 "$rounds"); do
+    simulate "$p" "$tmp/${p%% *}.$r.run.json" --op-times "$tmp/${p%% *}.$r.trace.json" --op-times-from 4 --op-times-to 12
     for step in $(seq 4 12); do
       simulate "$p" "$tmp/${p%% *}.$r.s$step.replay.json" --op-times "$tmp/${p%% *}.$r.trace.json" \
         --op-times-from "$step" --op-times-to "$step"

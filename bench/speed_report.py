@@ -145,6 +145,10 @@ def cost_drift(name):
     return [statistics.median(run[k] for run in runs) / sim[k] for k in range(len(sim))]
 
 
+def round_gaps(name):  # per round: measured idle - the round simulated on its own op times (steps 4-12)
+    return sorted(idle_measured(name, r) - idle_simulated(name, f"{tmp}/{name}.{r}.run.json") for r in range(1, rounds + 1))
+
+
 for name, label in [("1f1b", "1F1B"), ("gpipe", "GPipe"), ("interleaved", "interleaved v=2"), ("zb1p", "ZB1P"),
                     ("dualpipev", "DualPipeV"), ("dualpipe", "DualPipe"), ("zbv", "ZBV"), ("vmin", "V-Min"), ("vhalf", "V-Half"),
                     ("interleaved_zb", "interleaved ZB v=2")]:
@@ -153,8 +157,10 @@ for name, label in [("1f1b", "1F1B"), ("gpipe", "GPipe"), ("interleaved", "inter
     drift = "/".join(f"{x:.2f}" for x in cost_drift(name))
     gaps = step_gaps(name)
     within = sum(abs(g) <= 0.03 for g in gaps) / len(gaps)
+    run = round_gaps(name)
     print(f"   {label:18s} measured {med:.3f} ({min(idle):.3f}-{max(idle):.3f})   simulated {sim:.3f}   "
-          f"gap {med - sim:+.3f}   compute run/sim per rank {drift}   each step on its own op times: gap "
+          f"gap {med - sim:+.3f}   compute run/sim per rank {drift}   each round on its op times: gap "
+          f"{statistics.median(run):+.3f} ({run[0]:+.3f} to {run[-1]:+.3f})   each step on its own op times: gap "
           f"{statistics.median(gaps):+.3f} ({gaps[0]:+.3f} to {gaps[-1]:+.3f}; {within:.0%} of steps within 0.03)")
 p, m = 2, 8
 print(f"   (1F1B's formula (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.3f})")

@@ -81,7 +81,8 @@ std::optional<Machine> parse_machine(FileId file, const SourceManager& sources, 
 double roofline_seconds(const Machine& machine, const Work& w, ir::Op op, double rows, int64_t ways, bool bf16);
 
 // Unit costs for schedule studies: `--cost F=1,B=2,W=1,comm=0[,FB=3]`. B is a whole backward;
-// a split one is BI = B - W plus BW = W. FB is an overlapped forward+backward pair (default F+B).
+// a split one is BI = B - W plus BW = W. FB prices an overlapped pair as one interval (the published
+// DualPipe formula's F&B); without it the pair's members run in turn, as the CPU executor runs them.
 struct UnitCosts {
   double F = 1, B = 2, W = 1, comm = 0, update = 0;
   std::optional<double> FB;
@@ -108,6 +109,9 @@ class CostModel {
   bool roofline() const { return !work_.empty(); }
   // An overlapped group's duration given its members' costs.
   double overlap(double sum_of_members) const { return unit_ && unit_->FB ? *unit_->FB : sum_of_members; }
+  // Whether an overlapped group is priced as one interval (unit costs' FB). Otherwise its members
+  // run whole, one after another, as the executor's overlap window runs them.
+  bool prices_pairs() const { return unit_ && unit_->FB; }
   bool is_unit() const { return unit_.has_value(); }
   // Chunk times measured in a run, by op token (op_times_from_trace): a chunk listed here costs what
   // it took there, whatever the machine or units say; the rest, communication included, as before.

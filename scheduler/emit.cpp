@@ -165,7 +165,7 @@ std::string emit_svg(const ir::Graph& g, const Schedule& s) {
         double x0 = left + s.start[static_cast<size_t>(v)] * scale, w = (s.finish[static_cast<size_t>(v)] - s.start[static_cast<size_t>(v)]) * scale;
         if (w <= 0) continue;
         double yy = y, hh = h;
-        if (n.overlap >= 0) {  // co-scheduled tasks share the interval: stack them in halves
+        if (static_cast<size_t>(v) < s.paired.size() && s.paired[static_cast<size_t>(v)] >= 0) {  // a pair priced as one interval: stack them in halves
           hh = h / 2;
           yy = y + hh * drawn[n.overlap]++;
         }

@@ -76,7 +76,8 @@ json class_streams(const Plan& p, size_t c, json& comm) {
     for (ir::NodeId v : prog.ops) {
       const ir::Node& n = g.nodes[static_cast<size_t>(v)];
       const double a = s.start[static_cast<size_t>(v)], d = s.finish[static_cast<size_t>(v)] - a;
-      ops.push_back({a, d, ir::op_name(n.op), ir::token(n), n.microbatch, n.stage, n.overlap});
+      ops.push_back({a, d, ir::op_name(n.op), ir::token(n), n.microbatch, n.stage,
+                     static_cast<size_t>(v) < s.paired.size() ? s.paired[static_cast<size_t>(v)] : -1});
       if (ir::is_chunk(n.op)) {
         const CostModel::PieceTraffic tp = p.costs.piece_traffic(g, n);
         if (tp.calls == 0) continue;

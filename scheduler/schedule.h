@@ -32,6 +32,9 @@ struct Schedule {
   std::vector<ClassProgram> classes;
   std::vector<int32_t> node_class;               // node -> class
   std::vector<double> start, finish;             // simulated, per node
+  // Per node: its `||` group where the pair was priced as one interval (unit costs' FB; each member
+  // then holds its part of it), else -1. Pictures draw such pairs stacked.
+  std::vector<int32_t> paired;
   std::vector<std::vector<ir::NodeId>> waits;    // per node: predecessors on another stream of its class (events)
   // Per node: ops it must also wait for although no edge says so — a just-in-time ZeRO-3 gather
   // waits for the op that precedes its consumer on the compute stream, so it is issued only when

@@ -192,6 +192,7 @@ class ListScheduler {
     s_.node_class.assign(n_, -1);
     s_.start.assign(n_, 0);
     s_.finish.assign(n_, 0);
+    s_.paired.assign(n_, -1);
     s_.waits.assign(n_, {});
     s_.issue_after.assign(n_, {});
     std::unordered_map<ir::GroupId, int32_t> class_of_group;
@@ -348,11 +349,10 @@ class ListScheduler {
       for (NodeId v : ready_[r].special()) {
         auto u = unit_of(v);
         if (!u) continue;
-        double t = free_at_[r];
+        double t = std::max(free_at_[r], unit_ready(*u));
         if (g_.nodes[at(v)].payload == ir::Payload::Norm)  // it ends when the last rank's gradients are final
           for (NodeId m : norms_) t = std::max(t, ready_at_[at(m)]);
         for (NodeId m : u->nodes) {
-          t = std::max(t, ready_at_[at(m)]);
           if (NodeId a = anchor_[at(m)]; a >= 0)  // it will wait for that op's end
             if (const auto& before = order_[static_cast<size_t>(resource_[at(a)])]; !before.empty())
               t = std::max(t, s_.finish[at(before.back())]);
@@ -366,10 +366,22 @@ class ListScheduler {
     return best;
   }
 
+  // When a unit can begin: when its node is ready; for an overlap group priced as one interval, when
+  // every member is; otherwise when the first is (the executor's window runs whichever is ready).
+  double unit_ready(const Unit& u) const {
+    double first = ready_at_[at(u.nodes.front())], last = first;
+    for (NodeId m : u.nodes) {
+      first = std::min(first, ready_at_[at(m)]);
+      last = std::max(last, ready_at_[at(m)]);
+    }
+    return costs_.prices_pairs() ? last : first;
+  }
+
   // Starts `best`'s unit: its interval, each member's part, its successors released. Returns how
   // many nodes it scheduled.
   size_t start(const Best& best) {
     Unit u = *unit_of(best.node);
+    if (u.nodes.size() > 1 && !costs_.prices_pairs()) return start_in_turn(best, u);
     std::vector<double> member;  // each member's own cost
     for (NodeId m : u.nodes) member.push_back(cost_of(m));
     double dur = 0;
@@ -391,12 +403,34 @@ class ListScheduler {
       const double part = sum > 0 ? dur * member[k] / sum : dur / double(u.nodes.size());
       s_.start[at(m)] = t;
       s_.finish[at(m)] = k + 1 == u.nodes.size() ? finish : (t += part);
+      if (u.nodes.size() > 1) s_.paired[at(m)] = g_.nodes[at(m)].overlap;
       done_[at(m)] = true;
       order_[static_cast<size_t>(best.res)].push_back(m);
       rlist.remove(m);
       if (window_task_[at(m)] >= 0) last_task_[static_cast<size_t>(best.res)] = window_task_[at(m)];
     }
     for (NodeId m : u.nodes) release_successors(m, finish);
+    return u.nodes.size();
+  }
+
+  // An overlap group not priced as one interval, as the executor's window runs it on a thread: each
+  // member whole, the first ready first (ties in the group's order), the next when the one before
+  // it has ended and its own input has come. Nothing else runs on the stream between them.
+  size_t start_in_turn(const Best& best, Unit u) {
+    std::stable_sort(u.nodes.begin(), u.nodes.end(),
+                     [&](NodeId a, NodeId b) { return ready_at_[at(a)] < ready_at_[at(b)]; });
+    auto& rlist = ready_[static_cast<size_t>(best.res)];
+    double t = best.est;
+    for (NodeId m : u.nodes) {
+      s_.start[at(m)] = std::max(t, ready_at_[at(m)]);
+      s_.finish[at(m)] = t = s_.start[at(m)] + cost_of(m);
+      done_[at(m)] = true;
+      order_[static_cast<size_t>(best.res)].push_back(m);
+      rlist.remove(m);
+      if (window_task_[at(m)] >= 0) last_task_[static_cast<size_t>(best.res)] = window_task_[at(m)];
+    }
+    free_at_[static_cast<size_t>(best.res)] = t;
+    for (NodeId m : u.nodes) release_successors(m, s_.finish[at(m)]);
     return u.nodes.size();
   }
 
@@ -441,7 +475,7 @@ class ListScheduler {
         loc = g_.facts.overlap_locs[static_cast<size_t>(o)];
     auto& d = diags_.error(loc, fmt::format("the plan deadlocks: {} of {} tasks can never start", remaining, n_));
     for (size_t i = 0; i < std::min<size_t>(stuck.size(), 4); ++i)
-      d.note(SourceLoc{}, "tasks ordered to overlap must start together, but one waits on the other: " + stuck[i]);
+      d.note(SourceLoc{}, "tasks ordered to overlap run once both are ready, but one waits on the other: " + stuck[i]);
   }
 
   // The programs: each resource's order as a stream of its class, overlap windows marked, events

@@ -123,7 +123,7 @@ std::optional<int> parse(int argc, char** argv, CheckArgs& a) {
                "simulate the step: per-rank busy/idle, bubble, peak memory (exit 1 over budget); the text goes with "
                "--emit report, else to stdout beside -o FILE or to stderr");
   app.add_option("--machine", a.machine_path, "machine description for costs (machines/h100.json, a100, h200, unit)");
-  app.add_option("--cost", a.cost_spec, "unit costs instead of a machine: F=1,B=2,W=1,comm=0[,FB=..] (the default)");
+  app.add_option("--cost", a.cost_spec, "unit costs instead of a machine: F=1,B=2,W=1,comm=0[,FB=..] (the default; FB prices a || pair as one interval)");
   app.add_option("--op-times", a.op_times_path,
                  "simulate on a run's compute: its trace (piper-run --trace) gives each chunk its median time; "
                  "communication as the machine or units price it");
