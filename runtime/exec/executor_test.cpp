@@ -16,6 +16,7 @@
 #include "runtime/comm/fake_nccl.h"
 #include "runtime/model/model_zoo.h"
 #include "runtime/comm/nccl_communicator.h"
+#include "tests/scratch_file.h"
 
 using namespace piper;
 using namespace piper::runtime;
@@ -24,7 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 const std::string kData = std::string(PIPER_SOURCE_DIR) + "/data/corpus.txt";
 
-std::string make_model(const std::string& arch) {
+std::string make_model(const std::string& arch, const piper::testing::ScratchFile& file) {
   ModelConfig c;
   c.arch = arch;
   c.layers = 4;
@@ -32,16 +33,17 @@ std::string make_model(const std::string& arch) {
   c.ffn = 64;
   c.seq = 16;
   c.experts = 4;
-  auto p = (fs::temp_directory_path() / ("piper-exec-" + arch + "-" + std::to_string(::getpid()) + ".pt")).string();
-  save_model(c, p);
-  return p;
+  save_model(c, file.path());
+  return file.path();
 }
 std::string tiny_model() {
-  static std::string path = make_model("gpt");
+  static const piper::testing::ScratchFile file("piper-exec-gpt", ".pt");
+  static const std::string path = make_model("gpt", file);
   return path;
 }
 std::string tiny_moe() {
-  static std::string path = make_model("moe");
+  static const piper::testing::ScratchFile file("piper-exec-moe", ".pt");
+  static const std::string path = make_model("moe", file);
   return path;
 }
 

@@ -10,13 +10,14 @@
 #include "runtime/exec/executor.h"
 #include "runtime/device/memory_counter.h"
 #include "runtime/model/model_zoo.h"
+#include "tests/scratch_file.h"
 
 using namespace piper;
 using namespace piper::runtime;
 namespace fs = std::filesystem;
 
 namespace {
-std::string model_of(const std::string& arch) {
+std::string model_of(const std::string& arch, const piper::testing::ScratchFile& file) {
   ModelConfig c;
   c.arch = arch;
   c.layers = 4;
@@ -25,9 +26,8 @@ std::string model_of(const std::string& arch) {
   c.ffn = 512;
   c.seq = 32;
   c.experts = 4;
-  auto p = (fs::temp_directory_path() / fmt::format("piper-memory-{}-{}.pt", arch, ::getpid())).string();
-  save_model(c, p);
-  return p;
+  save_model(c, file.path());
+  return file.path();
 }
 
 struct Case {
@@ -64,7 +64,8 @@ std::vector<MemoryStats> measured(const sched::Plan& plan, const std::string& mo
 TEST_CASE("the memory model predicts every rank's measured peak within 10%, for every library strategy (an upper bound under expert parallelism)") {
   install_memory_counter();
   set_intra_op_threads(1);
-  const std::string gpt = model_of("gpt"), moe = model_of("moe");
+  const piper::testing::ScratchFile gpt_file("piper-memory-gpt", ".pt"), moe_file("piper-memory-moe", ".pt");
+  const std::string gpt = model_of("gpt", gpt_file), moe = model_of("moe", moe_file);
   // Enough samples that one gradient bucket is a small share of a rank's peak: a reduce-scatter
   // ends when the last member of its group arrives, and with four ranks on two cores a replica can
   // lag by an op, keeping one more bucket alive on its partner than the model (replicas in step) says.
