@@ -414,11 +414,13 @@ class ListScheduler {
   }
 
   // An overlap group not priced as one interval, as the executor's window runs it on a thread: each
-  // member whole, the first ready first (ties in the group's order), the next when the one before
-  // it has ended and its own input has come. Nothing else runs on the stream between them.
+  // member whole, the next when the one before it has ended and its own input has come. The window
+  // opens when the stream reaches it: members whose input has come by then run in the group's
+  // order (the design card's backward piece before the forward's, so the exchanges alternate as
+  // planned), the rest as their inputs come. Nothing else runs on the stream between them.
   size_t start_in_turn(const Best& best, Unit u) {
-    std::stable_sort(u.nodes.begin(), u.nodes.end(),
-                     [&](NodeId a, NodeId b) { return ready_at_[at(a)] < ready_at_[at(b)]; });
+    auto opens = [&](NodeId m) { return std::max(ready_at_[at(m)], best.est); };
+    std::stable_sort(u.nodes.begin(), u.nodes.end(), [&](NodeId a, NodeId b) { return opens(a) < opens(b); });
     auto& rlist = ready_[static_cast<size_t>(best.res)];
     double t = best.est;
     for (NodeId m : u.nodes) {
