@@ -10,6 +10,9 @@
 #            router, trained at the full rate from step 1, routes most tokens of a layer to one rank's
 #            experts within a few steps (this MoE has no load balancing), and the other rank's
 #            exchanges then wait for it; under warm-up the measured steps route as at initialisation.
+#   card and no-|| again, at lr 1e-3 from step 1, on the same MoE with token dropping
+#            (piper-model --capacity-factor 1.25, Switch's training factor: each expert takes at most
+#            40 tokens of a sequence), which bounds how much more one rank's experts can get (1.25x).
 # Prints per plan the fraction of all-to-all time that overlaps compute on the same rank (from the
 # trace, as speed_bench.sh measures it) and tokens/s, medians over ROUNDS with the spread, and each
 # plan's throughput against no-|| as the median of per-round ratios; then, for the card, where the
@@ -20,16 +23,18 @@
 # Usage: bench/card_bench.sh [BUILD_DIR] [ROUNDS]
 source "$(dirname "$0")/speed_setup.sh"
 "$build/tools/piper-model" moe --layers 4 --d-model 256 --ffn 1024 --seq 128 -o "$tmp/moe.pt" >/dev/null
+"$build/tools/piper-model" moe --layers 4 --d-model 256 --ffn 1024 --seq 128 --capacity-factor 1.25 -o "$tmp/moe_cap.pt" >/dev/null
 head='param mb = 8;\nmesh ep = 2;\nsplit batch into mb;\nreplicate * over ep;\nshard layers[*].moe.experts over ep;\n'
 printf "${head}order fwd(i) || bwd(i-1) on stream comm;\n" >"$tmp/card.piper"
 printf "${head}stream a2a_f, a2a_b;\norder fwd(i) || bwd(i-1);\norder fwd(i) on stream a2a_f;\norder bwd(i) on stream a2a_b;\n" \
   >"$tmp/streams.piper"
 printf "${head}order fwd(i) -> bwd(i);\n" >"$tmp/plain.piper"
 for ((r = 1; r <= rounds; ++r)); do
-  for run in card streams plain card:warm plain:warm; do
-    plan=${run%%:*} name=${run/:/_} recipe=()
-    [ "$run" = "$plan" ] || recipe=(--warmup-steps 100)
-    mpirun -np 2 "$build/tools/piper-run" "$tmp/moe.pt" "$tmp/$plan.piper" --data "$root/data/corpus.txt" --steps 8 \
+  for run in card streams plain card:warm plain:warm card:cap plain:cap; do
+    plan=${run%%:*} name=${run/:/_} recipe=() model=moe
+    [ "${run#*:}" = warm ] && recipe=(--warmup-steps 100)
+    [ "${run#*:}" = cap ] && model=moe_cap
+    mpirun -np 2 "$build/tools/piper-run" "$tmp/$model.pt" "$tmp/$plan.piper" --data "$root/data/corpus.txt" --steps 8 \
       --batch-size 32 "${recipe[@]}" --metrics "$tmp/$name.$r.jsonl" --trace "$tmp/$name.$r.trace.json" >/dev/null
   done
 done
@@ -77,14 +82,15 @@ def imbalance(plan, r):  # the busier rank's expert compute over the ranks' mean
 def show(xs, fmt):
     return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
 print(f"design card, MoE d256 ffn1024 seq128, ep=2 on 2 ranks, mb=8, batch 32; medians of {rounds} rounds (min-max)")
-print(f"  {'plan':14s} {'all-to-all hidden':>20s} {'tokens/s':>18s} {'vs no-||':>18s} {'load imbalance':>18s}")
+print(f"  {'plan':15s} {'all-to-all hidden':>20s} {'tokens/s':>18s} {'vs no-||':>18s} {'load imbalance':>18s}")
 for plan, label, base in (("card", "card", "plain"), ("streams", "streams", "plain"), ("plain", "no-||", "plain"),
-                          ("card_warm", "card, warm-up", "plain_warm"), ("plain_warm", "no-||, warm-up", "plain_warm")):
+                          ("card_warm", "card, warm-up", "plain_warm"), ("plain_warm", "no-||, warm-up", "plain_warm"),
+                          ("card_cap", "card, capacity", "plain_cap"), ("plain_cap", "no-||, capacity", "plain_cap")):
     h = [hidden(plan, r)[0] for r in range(1, rounds + 1)]
     t = [tokens(plan, r) for r in range(1, rounds + 1)]
     ratio = [tokens(plan, r) / tokens(base, r) for r in range(1, rounds + 1)]
     load = [imbalance(plan, r) for r in range(1, rounds + 1)]
-    print(f"  {label:14s} {show(h, '{:.3f}'):>20s} {show(t, '{:.0f}'):>18s} {show(ratio, '{:.2f}'):>18s} "
+    print(f"  {label:15s} {show(h, '{:.3f}'):>20s} {show(t, '{:.0f}'):>18s} {show(ratio, '{:.2f}'):>18s} "
           f"{show(load, '{:.2f}'):>18s}")
 # Where the card's exposed exchange time is: the unpartnered exchanges, and inside the windows the
 # lighter rank's wait at a layer whose routing loads one rank's experts more (random init).

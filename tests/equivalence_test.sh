@@ -103,7 +103,21 @@ ${PIPER_PYTHON:-/usr/bin/python3} "$tmp/compare.py" "$tmp/ref.jsonl" "$tmp/run.j
 # Negative controls (PIPER_NEGATIVE=tensor, or a comma-separated list such as tensor,sequence): the
 # same run with that collective dropped (PIPER_TEST_DROP_COLLECTIVE) must fail the comparison, so the
 # check above can see it missing.
+# PIPER_NEGATIVE=capacity: the model without its expert capacity (same weights, dropless) trains to
+# other losses on the reference trainer, so the run dropped tokens, and the same ones as the reference.
 negatives=${PIPER_NEGATIVE:-}
+if [[ ",$negatives," == *,capacity,* ]]; then
+  negatives=${negatives//capacity/}
+  # shellcheck disable=SC2086  # word splitting of the flags is intended
+  "$model_bin" "$arch" --layers "${PIPER_LAYERS:-4}" --d-model 32 --ffn 64 --seq 16 \
+    $(sed -E 's/--capacity-factor +[^ ]+//' <<<"${PIPER_MODEL_ARGS:-}") -o "$tmp/dropless.pt"
+  "$ref_bin" "$tmp/dropless.pt" "${common[@]}" "${ref_extra[@]}" --threads 1 --metrics "$tmp/dropless.jsonl" >/dev/null
+  if ${PIPER_PYTHON:-/usr/bin/python3} "$tmp/compare.py" "$tmp/dropless.jsonl" "$tmp/run.jsonl" "dropless" "$tolerance" "$steps" >/dev/null 2>&1; then
+    echo "negative control: the dropless model trains to the same losses: no token was dropped" >&2
+    exit 1
+  fi
+  echo "  negative control: the same model without its capacity trains to other losses (tokens were dropped)"
+fi
 for negative in ${negatives//,/ }; do
   PIPER_TEST_DROP_COLLECTIVE=$negative timeout 300 mpirun -x PIPER_TEST_DROP_COLLECTIVE -np "$np" --oversubscribe \
     --bind-to none "$run_bin" "$tmp/m.pt" "$root/strategies/$strategy" "${common[@]}" --threads 1 \

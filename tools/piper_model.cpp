@@ -130,6 +130,10 @@ int main(int argc, char** argv) {
     if (std::string(arch) == "moe") {
       sub->add_option("--experts", c.experts, "experts per layer")->capture_default_str();
       sub->add_option("--top-k", c.top_k, "experts per token")->capture_default_str();
+      sub->add_option("--capacity-factor", c.capacity_factor,
+                      "each expert takes at most ceil(F * seq * top-k / experts) tokens of a sequence, those scoring it "
+                      "highest; the rest skip it (token dropping; 0: dropless)")
+          ->capture_default_str();
     }
     sub->add_flag("--tie-embeddings", c.tie_embeddings,
                   "the output head's projection is the token embedding itself (tied weights, declared in the manifest)");

@@ -38,6 +38,18 @@ void check(const ModelConfig& c) {
     throw std::runtime_error(fmt::format("--d-model {} is not divisible by --heads {}", c.d_model, c.heads));
   if (c.arch == "moe" && (c.experts < 1 || c.top_k < 1 || c.top_k > c.experts))
     throw std::runtime_error(fmt::format("--top-k must be in 1..--experts ({}), got {}", c.experts, c.top_k));
+  if (c.capacity_factor < 0 || !std::isfinite(c.capacity_factor))
+    throw std::runtime_error(fmt::format("--capacity-factor must be positive (or 0: dropless), got {}", c.capacity_factor));
+  if (c.capacity_factor > 0 && c.arch != "moe") throw std::runtime_error("--capacity-factor is for moe models");
+}
+
+// Tokens of a sequence each expert may take (0: no limit). The router always sees whole sequences
+// (sequence and context shards are gathered before it, runtime/exec/chunk_runner.cpp), and a
+// microbatch holds whole sequences, so a capacity per sequence routes alike in every plan.
+int64_t expert_capacity(const ModelConfig& c) {
+  if (c.capacity_factor <= 0) return 0;
+  const double cap = std::ceil(c.capacity_factor * double(c.seq * c.top_k) / double(c.experts));
+  return cap >= double(c.seq) ? 0 : static_cast<int64_t>(cap);  // a whole sequence fits: nothing to drop
 }
 }  // namespace
 
@@ -89,6 +101,7 @@ std::string manifest_json(const ModelConfig& c) {
   seq.push_back("head");
   json config = {{"layers", c.layers}, {"d_model", d}, {"heads", c.heads}, {"ffn", c.ffn}, {"vocab", c.vocab}, {"seq", c.seq}};
   if (c.arch == "moe") config.update({{"experts", c.experts}, {"top_k", c.top_k}});
+  if (c.capacity_factor > 0) config.update({{"capacity_factor", c.capacity_factor}, {"expert_capacity", expert_capacity(c)}});
   if (c.tie_embeddings) config["tie_embeddings"] = true;
   json out{{"format", "piper-manifest"},
               {"version", 1},
@@ -196,14 +209,22 @@ def forward(self, h):
 )";
 
 // The router normalises the block input and returns it with each token's gate per expert:
-// softmax over experts, keep the top k, renormalise; unchosen experts get 0.
+// softmax over experts, keep the top k, renormalise; unchosen experts get 0. With a capacity, each
+// expert then keeps the `capacity` tokens of each sequence (dimension 1) whose probability for it
+// is highest; its gate is 0 for the rest (their other choices keep theirs, not renormalised, as
+// Megatron drops). The mask multiplies, so a dropped gate passes no gradient, whether the expert
+// ran on the token (dense evaluation) or never saw it (expert parallelism sends only nonzero gates).
 const char* kRouter = R"(
 def forward(self, x):
     h = torch.layer_norm(x, [x.size(2)], self.ln_2_weight, self.ln_2_bias, 1e-5)
     probs = torch.softmax(torch.linear(h, self.weight), -1)
     top = torch.topk(probs, self.top_k, -1)
     kept = torch.zeros_like(probs).scatter(-1, top[1], top[0])
-    return h, kept / kept.sum(-1, keepdim=True)
+    gates = kept / kept.sum(-1, keepdim=True)
+    if self.capacity > 0:
+        first = torch.topk(kept, self.capacity, 1)[1]
+        gates = gates * torch.zeros_like(kept).scatter(1, first, 1.0)
+    return h, gates
 )";
 
 const char* kEmbed = R"(
@@ -259,6 +280,7 @@ Module build(const ModelConfig& c) {
       add_params(router, {{"ln_2_weight", torch::ones({d})}, {"ln_2_bias", torch::zeros({d})},
                           {"weight", normal({c.experts, d}, 0.02)}});
       router.register_attribute("top_k", c10::IntType::get(), c10::IValue(c.top_k));
+      router.register_attribute("capacity", c10::IntType::get(), c10::IValue(expert_capacity(c)));
       router.define(kRouter);
       moe.register_module("router", router);
       // Dense evaluation: every expert sees every token, weighted by its gate (0 if not chosen).

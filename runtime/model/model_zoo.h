@@ -10,6 +10,10 @@ struct ModelConfig {
   std::string name;          // defaults to "<arch>-<layers>L"
   int64_t layers = 8, d_model = 64, heads = 4, ffn = 256, vocab = 256, seq = 64;
   int64_t experts = 8, top_k = 2;  // moe only
+  // moe only: each expert takes at most ceil(capacity_factor * seq * top_k / experts) tokens of a
+  // sequence, those that score it highest; its other tokens skip it (GShard's and Switch's token
+  // dropping, Megatron's --moe-expert-capacity-factor with the "probs" policy). 0: dropless.
+  double capacity_factor = 0;
   bool tie_embeddings = false;     // the head's projection is the token embedding (GPT-2's tie)
   uint64_t seed = 0;
 };

@@ -126,6 +126,46 @@ TEST_CASE("zoo models: regions chained equal the whole model, forward and gradie
   }
 }
 
+// Token dropping: with --capacity-factor each expert keeps at most its capacity of a sequence's tokens,
+// those whose probability for it is highest; the gates it keeps are the dropless model's (same seed,
+// same weights), the rest 0. At factor 1 with 4 experts top-2 over 16 tokens the capacity is 8.
+TEST_CASE("moe capacity: an expert keeps the tokens of a sequence that score it highest, at most its capacity") {
+  ModelConfig c;
+  c.arch = "moe";
+  c.layers = 1;
+  c.d_model = 32;
+  c.ffn = 64;
+  c.seq = 16;
+  c.experts = 4;
+  auto dropless_path = temp("dropless.pt"), capped_path = temp("capped.pt");
+  save_model(c, dropless_path.string());
+  c.capacity_factor = 1.0;
+  CHECK(nlohmann::json::parse(manifest_json(c))["model"]["config"]["expert_capacity"] == 8);
+  save_model(c, capped_path.string());
+  auto dropless = torch::jit::load(dropless_path.string()), capped = torch::jit::load(capped_path.string());
+  torch::manual_seed(3);
+  const torch::Tensor x = torch::randn({4, c.seq, c.d_model}) * 4;  // spread: routing far from uniform
+  auto route = [&](torch::jit::Module& m) {
+    return m.attr("layers_0").toModule().attr("moe").toModule().attr("router").toModule().forward({x}).toTuple()->elements();
+  };
+  const torch::Tensor free = route(dropless)[1].toTensor(), gates = route(capped)[1].toTensor();
+  const torch::Tensor h = route(capped)[0].toTensor();
+  const torch::Tensor probs = torch::softmax(torch::linear(h, capped.attr("layers_0").toModule().attr("moe").toModule()
+                                                                   .attr("router").toModule().attr("weight").toTensor()), -1);
+  CHECK((gates != 0).sum(1).max().item<int64_t>() <= 8);     // per sequence and expert
+  CHECK((free != 0).sum(1).max().item<int64_t>() > 8);       // the dropless routing exceeds it somewhere
+  CHECK(((gates == free) | (gates == 0)).all().item<bool>());  // kept gates unchanged, not renormalised
+  const torch::Tensor dropped = (free != 0) & (gates == 0);
+  CHECK(dropped.sum().item<int64_t>() > 0);
+  // Every dropped token scores its expert no higher than the lowest token the expert kept.
+  const torch::Tensor kept_min = torch::where(gates != 0, probs, torch::full_like(probs, 2.0)).amin(1, true);
+  CHECK((torch::where(dropped, probs, torch::zeros_like(probs)) <= kept_min).all().item<bool>());
+  c.capacity_factor = 8.0;  // a sequence's tokens all fit: nothing to drop, no capacity recorded
+  CHECK(nlohmann::json::parse(manifest_json(c))["model"]["config"]["expert_capacity"] == 0);
+  fs::remove(dropless_path);
+  fs::remove(capped_path);
+}
+
 TEST_CASE("the same seed gives the same weights") {
   ModelConfig c;
   c.layers = 1;
@@ -159,6 +199,11 @@ TEST_CASE("bad configurations and bad model files are clear errors") {
   ModelConfig c;
   c.heads = 5;
   CHECK_THROWS_WITH_AS(manifest_json(c), doctest::Contains("not divisible by --heads 5"), std::runtime_error);
+  c.heads = 4;
+  c.capacity_factor = -1;
+  CHECK_THROWS_WITH_AS(manifest_json(c), doctest::Contains("--capacity-factor must be positive"), std::runtime_error);
+  c.capacity_factor = 1;
+  CHECK_THROWS_WITH_AS(manifest_json(c), doctest::Contains("--capacity-factor is for moe models"), std::runtime_error);
   auto p = temp("corrupt.pt");
   std::ofstream(p, std::ios::binary) << "PK\x03\x04 not really a zip";
   CHECK_THROWS_WITH_AS(RegionModel(p.string()), doctest::Contains("not a loadable TorchScript model"), std::runtime_error);
