@@ -202,7 +202,18 @@ class MpiCommunicator : public Communicator {
   void send(const void* data, size_t bytes, int peer, int tag) override {
     MPI_Request req;
     check(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, p2p_, &req), "Isend");
-    progress_.wait(req, nullptr, "Send");
+    // A send to this node's rank completes by the peer's doing (its single-copy read); tested at idle
+    // priority, as a receive, only to measure that choice (PIPER_PROGRESS_SEND_IDLE=1,
+    // bench/send_priority_bench.sh): the polls no longer slow compute (3-7% on the zero-bubble
+    // schedules), but the stream that sent waits for the completion until the core idles, and the
+    // handoffs behind it come late (DualPipeV's idle 0.03 -> 0.16, docs/runtime.md).
+    static const bool send_idle = [] {
+      const char* v = std::getenv("PIPER_PROGRESS_SEND_IDLE");
+      return v && std::string(v) == "1";
+    }();
+    const bool local = static_cast<size_t>(peer) < hosts_.host_of.size() &&
+                       hosts_.host_of[static_cast<size_t>(peer)] == hosts_.host_of[static_cast<size_t>(rank_)];
+    progress_.wait(req, nullptr, "Send", /*receive=*/send_idle && local);
   }
   void recv(void* data, size_t bytes, int peer, int tag) override {
     MPI_Status st;
