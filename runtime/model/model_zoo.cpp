@@ -43,12 +43,14 @@ void check(const ModelConfig& c) {
   if (c.capacity_factor > 0 && c.arch != "moe") throw std::runtime_error("--capacity-factor is for moe models");
 }
 
-// Tokens of a sequence each expert may take (0: no limit). The router always sees whole sequences
+// Tokens of a model-length sequence each expert may take (0: no limit), for the manifest; the router
+// computes the same from the length it gets. The router always sees whole sequences
 // (sequence and context shards are gathered before it, runtime/exec/chunk_runner.cpp), and a
 // microbatch holds whole sequences, so a capacity per sequence routes alike in every plan.
 int64_t expert_capacity(const ModelConfig& c) {
   if (c.capacity_factor <= 0) return 0;
-  const double cap = std::ceil(c.capacity_factor * double(c.seq * c.top_k) / double(c.experts));
+  // In the router's order of operations, so that both round alike.
+  const double cap = std::ceil(c.capacity_factor * double(c.seq) * double(c.top_k) / double(c.experts));
   return cap >= double(c.seq) ? 0 : static_cast<int64_t>(cap);  // a whole sequence fits: nothing to drop
 }
 }  // namespace
@@ -210,8 +212,8 @@ def forward(self, h):
 
 // The router normalises the block input and returns it with each token's gate per expert:
 // softmax over experts, keep the top k, renormalise; unchosen experts get 0. With a capacity, each
-// expert then keeps the `capacity` tokens of each sequence (dimension 1) whose probability for it
-// is highest; its gate is 0 for the rest (their other choices keep theirs, not renormalised, as
+// expert then keeps the ceil(capacity_factor * tokens * top_k / experts) tokens of each sequence
+// (dimension 1; piper-run --seq-len may shorten it) whose probability for it is highest; its gate is 0 for the rest (their other choices keep theirs, not renormalised, as
 // Megatron drops). The mask multiplies, so a dropped gate passes no gradient, whether the expert
 // ran on the token (dense evaluation) or never saw it (expert parallelism sends only nonzero gates).
 const char* kRouter = R"(
@@ -221,9 +223,14 @@ def forward(self, x):
     top = torch.topk(probs, self.top_k, -1)
     kept = torch.zeros_like(probs).scatter(-1, top[1], top[0])
     gates = kept / kept.sum(-1, keepdim=True)
-    if self.capacity > 0:
-        first = torch.topk(kept, self.capacity, 1)[1]
-        gates = gates * torch.zeros_like(kept).scatter(1, first, 1.0)
+    if self.capacity_factor > 0.0:
+        exact = self.capacity_factor * x.size(1) * self.top_k / probs.size(-1)
+        capacity = int(exact)
+        if float(capacity) < exact:
+            capacity += 1
+        if capacity < x.size(1):
+            first = torch.topk(kept, capacity, 1)[1]
+            gates = gates * torch.zeros_like(kept).scatter(1, first, 1.0)
     return h, gates
 )";
 
@@ -280,7 +287,7 @@ Module build(const ModelConfig& c) {
       add_params(router, {{"ln_2_weight", torch::ones({d})}, {"ln_2_bias", torch::zeros({d})},
                           {"weight", normal({c.experts, d}, 0.02)}});
       router.register_attribute("top_k", c10::IntType::get(), c10::IValue(c.top_k));
-      router.register_attribute("capacity", c10::IntType::get(), c10::IValue(expert_capacity(c)));
+      router.register_attribute("capacity_factor", c10::FloatType::get(), c10::IValue(c.capacity_factor));
       router.define(kRouter);
       moe.register_module("router", router);
       // Dense evaluation: every expert sees every token, weighted by its gate (0 if not chosen).

@@ -160,6 +160,14 @@ TEST_CASE("moe capacity: an expert keeps the tokens of a sequence that score it 
   // Every dropped token scores its expert no higher than the lowest token the expert kept.
   const torch::Tensor kept_min = torch::where(gates != 0, probs, torch::full_like(probs, 2.0)).amin(1, true);
   CHECK((torch::where(dropped, probs, torch::zeros_like(probs)) <= kept_min).all().item<bool>());
+  // A shorter sequence (piper-run --seq-len 8): the capacity follows its length, ceil(8 * 2 / 4) = 4.
+  const torch::Tensor shorter = x.slice(1, 0, 8);
+  auto route_short = [&](torch::jit::Module& m) {
+    return m.attr("layers_0").toModule().attr("moe").toModule().attr("router").toModule().forward({shorter}).toTuple()->elements()[1].toTensor();
+  };
+  const torch::Tensor short_free = route_short(dropless), short_gates = route_short(capped);
+  CHECK((short_gates != 0).sum(1).max().item<int64_t>() <= 4);
+  CHECK((short_free != 0).sum(1).max().item<int64_t>() > 4);
   c.capacity_factor = 8.0;  // a sequence's tokens all fit: nothing to drop, no capacity recorded
   CHECK(nlohmann::json::parse(manifest_json(c))["model"]["config"]["expert_capacity"] == 0);
   fs::remove(dropless_path);
