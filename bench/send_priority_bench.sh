@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# How a pending send is tested (runtime/comm/mpi_communicator.cpp), compared in one invocation: at
-# normal priority (the default: every <= 20 us while the send waits for its peer's receive) against
-# idle priority, as a receive is (PIPER_PROGRESS_SEND_IDLE=1). Each round runs every pipeline both
-# ways one after the other (pp=2 mb=8 on the small GPT of speed_setup.sh, scheduled by this
-# machine's profile). Prints per pipeline and way: the compute streams' time per step over the
-# simulated (how much the polls slow compute), their idle fraction (as speed_bench.sh counts it)
-# against the simulated, and tokens/s, medians over rounds with min-max; and the idle way's tokens/s
-# over the default's, the median of per-round ratios.
+# How a point-to-point send holds its stream (runtime/exec/ops.cpp, runtime/comm/mpi_communicator.cpp),
+# compared in one invocation, three ways: 0, started (the default: the stream runs on, the send tested
+# at idle priority until its peer has read it); 1, blocking, its completion polled at normal priority
+# (every <= 20 us while it waits for its peer's receive; PIPER_BLOCKING_SENDS=1, the runtime until
+# 2026-12-07); 2, blocking, tested at idle priority (PIPER_BLOCKING_SENDS=1 PIPER_PROGRESS_SEND_IDLE=1).
+# Each round runs every pipeline every way one after the other (pp=2 mb=8 on the small GPT of
+# speed_setup.sh, scheduled by this machine's profile, taken the default way). Prints per pipeline and
+# way: the compute streams' time per step over the simulated (how much the polls slow compute), their
+# idle fraction (as speed_bench.sh counts it) against the simulated, and tokens/s, medians over rounds
+# with min-max; and each other way's tokens/s over the default's, the median of per-round ratios.
 # Usage: bench/send_priority_bench.sh [BUILD_DIR] [ROUNDS]
 source "$(dirname "$0")/speed_setup.sh"
 common=(--data "$root/data/corpus.txt" --steps 12 --batch-size 16)
@@ -20,8 +22,11 @@ done
 for r in $(seq 1 "$rounds"); do
   for p in "${pipes[@]}"; do
     read -r name file extra <<<"$p"
-    for way in 0 1; do
-      PIPER_PROGRESS_SEND_IDLE=$way mpirun -x PIPER_PROGRESS_SEND_IDLE -np 2 "$build/tools/piper-run" "$tmp/m.pt" \
+    for way in 0 1 2; do
+      blocking=$([ "$way" = 0 ] && echo 0 || echo 1)
+      idle=$([ "$way" = 2 ] && echo 1 || echo 0)
+      PIPER_BLOCKING_SENDS=$blocking PIPER_PROGRESS_SEND_IDLE=$idle mpirun -x PIPER_BLOCKING_SENDS -x PIPER_PROGRESS_SEND_IDLE \
+        -np 2 "$build/tools/piper-run" "$tmp/m.pt" \
         "$root/strategies/$file" --set pp=2 --set mb=8 ${extra:+--set $extra} "${common[@]}" --machine "$tmp/machine.json" \
         --metrics "$tmp/$name.$way.$r.jsonl" --trace "$tmp/$name.$way.$r.trace.json" >/dev/null
     done
@@ -57,16 +62,18 @@ def tokens(name, way, r):
     return statistics.median([x["tokens_per_s"] for x in rows if "tokens_per_s" in x][WARMUP:])
 def show(xs, f):
     return f"{f.format(statistics.median(xs))} ({f.format(min(xs))}-{f.format(max(xs))})"
-print(f"pending sends tested at normal priority (0, the default) or idle (1); pp=2 mb=8, medians of {rounds} rounds (min-max)")
+print(f"sends started (0, the default), blocking polled at normal priority (1) or at idle (2); pp=2 mb=8, "
+      f"medians of {rounds} rounds (min-max)")
 for name in names:
     sim = json.load(open(f"{tmp}/{name}.sim.json"))["ranks"]
     sim_busy = statistics.mean(x["busy"] for x in sim)
     sim_idle = statistics.mean(x["idle"] / (x["busy"] + x["idle"]) for x in sim)
-    for way in (0, 1):
+    for way in (0, 1, 2):
         m = [measured(name, way, r) for r in range(1, rounds + 1)]
         t = [tokens(name, way, r) for r in range(1, rounds + 1)]
         print(f"  {name:15s} {way}: compute/simulated {show([x[0] / sim_busy for x in m], '{:.3f}')}  idle "
               f"{show([x[1] for x in m], '{:.3f}')} (simulated {sim_idle:.3f})  tokens/s {show(t, '{:.0f}')}")
-    ratio = [tokens(name, 1, r) / tokens(name, 0, r) for r in range(1, rounds + 1)]
-    print(f"  {name:15s} idle-priority sends / default: {show(ratio, '{:.3f}')}")
+    for way in (1, 2):
+        ratio = [tokens(name, way, r) / tokens(name, 0, r) for r in range(1, rounds + 1)]
+        print(f"  {name:15s} way {way} / started: {show(ratio, '{:.3f}')}")
 PY

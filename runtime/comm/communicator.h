@@ -42,6 +42,24 @@ class Communicator {
   // tags may run concurrently on different threads.
   virtual void send(const void* data, size_t bytes, int peer, int tag) = 0;
   virtual void recv(void* data, size_t bytes, int peer, int tag) = 0;
+  // A send that does not hold its caller's stream: started, then tested (done(); an error throws
+  // there or from wait()). Its buffer stays untouched and alive until it is done. A rendezvous send
+  // blocks until the peer has posted its receive; started instead, the stream runs on meanwhile.
+  class PendingSend {
+   public:
+    virtual ~PendingSend() = default;
+    virtual bool done() = 0;
+    virtual void wait() = 0;
+  };
+  // Backends without a send of their own that returns early: the blocking send, already done.
+  virtual std::unique_ptr<PendingSend> start_send(const void* data, size_t bytes, int peer, int tag) {
+    send(data, bytes, peer, tag);
+    struct Sent : PendingSend {
+      bool done() override { return true; }
+      void wait() override {}
+    };
+    return std::make_unique<Sent>();
+  }
   // Sum over the ranks of `group` (ascending, includes this rank). Collectives on one group are
   // issued in the same order by every member; `channel` separates independent sequences (a stream's
   // collectives from the runtime's own bookkeeping), each with its own order.

@@ -2,6 +2,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <tuple>
@@ -40,6 +41,34 @@ class FakeCommunicator : public Communicator {
     // Blocking semantics, like a rendezvous send: wait until the receiver took it.
     s_->cv.wait(lk, [&] { return !s_->aborted.empty() || !s_->mail.count(key); });
     check();
+  }
+
+  // Posted as a send is, without waiting: done once the receiver took it (the message is copied
+  // at once, so the buffer is free earlier than MPI's would be).
+  std::unique_ptr<PendingSend> start_send(const void* data, size_t bytes, int peer, int tag) override {
+    struct Posted : PendingSend {
+      FakeCommunicator* comm;
+      std::tuple<int, int, int> key;
+      bool done() override {
+        std::lock_guard lk(comm->s_->mu);
+        comm->check();
+        return !comm->s_->mail.count(key);
+      }
+      void wait() override {
+        std::unique_lock lk(comm->s_->mu);
+        comm->s_->cv.wait(lk, [&] { return !comm->s_->aborted.empty() || !comm->s_->mail.count(key); });
+        comm->check();
+      }
+    };
+    auto out = std::make_unique<Posted>();
+    out->comm = this;
+    out->key = std::make_tuple(rank_, peer, tag);
+    std::lock_guard lk(s_->mu);
+    check();
+    if (s_->mail.count(out->key)) throw std::logic_error("fake communicator: a message with this tag is already in flight");
+    s_->mail[out->key].assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+    s_->cv.notify_all();
+    return out;
   }
 
   void recv(void* data, size_t bytes, int peer, int tag) override {

@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -57,36 +58,50 @@ class Progress {
     work_.notify_one();
     thread_.join();
   }
+  struct Pending {
+    MPI_Request req;
+    MPI_Status status{};
+    int rc = MPI_SUCCESS;
+    bool finished = false;  // under mu_
+    bool receive = false;
+  };
+  // Hands `req` to the thread and returns: tested until it completes (then `finished`).
+  // `receive`: the request completes by its peer's doing (data arriving; a started send's buffer
+  // read by its peer on this node), so testing it needs a core only when one is free (see the loop).
+  std::shared_ptr<Pending> post(MPI_Request req, bool receive) {
+    auto p = std::make_shared<Pending>();
+    p->req = req;
+    p->receive = receive;
+    std::lock_guard lk(mu_);
+    if (!receive) set_idle(false);  // at once: the thread may sleep as SCHED_IDLE on a busy core
+    pending_.push_back(p);
+    ++posted_;
+    work_.notify_one();
+    return p;
+  }
+  bool finished(const Pending& p) {
+    std::lock_guard lk(mu_);
+    return p.finished;
+  }
+  void wait_for(const Pending& p) {
+    std::unique_lock lk(mu_);
+    done_.wait(lk, [&] { return p.finished; });
+  }
   // Waits until `req` completes (its status into *st unless null); an MPI error throws, naming `what`.
-  // `receive`: the request completes by its peer's doing (data arriving), so testing it needs a
-  // core only when one is free (see the loop).
   void wait(MPI_Request req, MPI_Status* st, const char* what, bool receive = false) {
     int done = 0;
     MPI_Status status;
     check(MPI_Test(&req, &done, &status), what);  // a small message may be done already
     if (!done) {
-      Pending p{req};
-      p.receive = receive;
-      std::unique_lock lk(mu_);
-      if (!receive) set_idle(false);  // at once: the thread may sleep as SCHED_IDLE on a busy core
-      pending_.push_back(&p);
-      ++posted_;
-      work_.notify_one();
-      done_.wait(lk, [&] { return p.finished; });
-      check(p.rc, what);
-      status = p.status;
+      auto p = post(req, receive);
+      wait_for(*p);
+      check(p->rc, what);
+      status = p->status;
     }
     if (st) *st = status;
   }
 
  private:
-  struct Pending {
-    MPI_Request req;
-    MPI_Status status{};
-    int rc = MPI_SUCCESS;
-    bool finished = false;
-    bool receive = false;
-  };
   // While only receives are outstanding the thread runs as SCHED_IDLE: it tests them whenever the
   // core would otherwise idle (a stream waiting for one of them leaves it idle) and never preempts
   // compute to do so. A send or a collective needs this rank's CPU to advance (its rounds, the
@@ -130,17 +145,17 @@ class Progress {
     for (;;) {
       work_.wait(lk, [&] { return stop_ || !pending_.empty(); });
       if (stop_) return;
-      std::vector<Pending*> now = pending_;  // others only append while the lock is free
+      std::vector<std::shared_ptr<Pending>> now = pending_;  // others only append while the lock is free
       lk.unlock();
-      std::vector<Pending*> completed;
-      for (Pending* p : now) {
+      std::vector<std::shared_ptr<Pending>> completed;
+      for (const auto& p : now) {
         int flag = 0;
         p->rc = MPI_Test(&p->req, &flag, &p->status);
         if (flag || p->rc != MPI_SUCCESS) completed.push_back(p);
       }
       lk.lock();
       if (!completed.empty()) {
-        for (Pending* p : completed) {
+        for (const auto& p : completed) {
           p->finished = true;
           pending_.erase(std::find(pending_.begin(), pending_.end(), p));
         }
@@ -148,7 +163,7 @@ class Progress {
         sleep = kMinSleepNs;
       }
       if (pending_.empty()) continue;
-      set_idle(std::all_of(pending_.begin(), pending_.end(), [](const Pending* p) { return p->receive; }));
+      set_idle(std::all_of(pending_.begin(), pending_.end(), [](const auto& p) { return p->receive; }));
       const uint64_t seen = posted_;
       if (work_.wait_for(lk, std::chrono::nanoseconds(sleep), [&] { return stop_ || posted_ != seen; })) sleep = kMinSleepNs;
       else sleep = std::min(2 * sleep, max_sleep_ns_);
@@ -157,7 +172,7 @@ class Progress {
 
   std::mutex mu_;
   std::condition_variable work_, done_;
-  std::vector<Pending*> pending_;
+  std::vector<std::shared_ptr<Pending>> pending_;
   uint64_t posted_ = 0;
   bool stop_ = false;
   std::thread thread_;  // last: starts once the rest exists
@@ -202,18 +217,32 @@ class MpiCommunicator : public Communicator {
   void send(const void* data, size_t bytes, int peer, int tag) override {
     MPI_Request req;
     check(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, p2p_, &req), "Isend");
-    // A send to this node's rank completes by the peer's doing (its single-copy read); tested at idle
-    // priority, as a receive, only to measure that choice (PIPER_PROGRESS_SEND_IDLE=1,
-    // bench/send_priority_bench.sh): the polls no longer slow compute (3-7% on the zero-bubble
-    // schedules), but the stream that sent waits for the completion until the core idles, and the
-    // handoffs behind it come late (DualPipeV's idle 0.03 -> 0.16, docs/runtime.md).
-    static const bool send_idle = [] {
-      const char* v = std::getenv("PIPER_PROGRESS_SEND_IDLE");
-      return v && std::string(v) == "1";
-    }();
-    const bool local = static_cast<size_t>(peer) < hosts_.host_of.size() &&
-                       hosts_.host_of[static_cast<size_t>(peer)] == hosts_.host_of[static_cast<size_t>(rank_)];
-    progress_.wait(req, nullptr, "Send", /*receive=*/send_idle && local);
+    progress_.wait(req, nullptr, "Send", /*receive=*/local(peer) && send_idle());
+  }
+  // A send to this node's rank completes by the peer's doing (its single-copy read), so a started
+  // one is tested at idle priority, as a receive is: polled at normal priority (every <= 20 us
+  // while it waits for the peer's receive) it took 3-8% of the zero-bubble schedules' compute
+  // (bench/send_priority_bench.sh, docs/runtime.md). Across hosts the sender's CPU moves the data.
+  std::unique_ptr<PendingSend> start_send(const void* data, size_t bytes, int peer, int tag) override {
+    struct Started : PendingSend {
+      Progress* progress;
+      std::shared_ptr<Progress::Pending> p;
+      bool done() override {
+        if (!progress->finished(*p)) return false;
+        check(p->rc, "Send");
+        return true;
+      }
+      void wait() override {
+        progress->wait_for(*p);
+        check(p->rc, "Send");
+      }
+    };
+    MPI_Request req;
+    check(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, p2p_, &req), "Isend");
+    auto out = std::make_unique<Started>();
+    out->progress = &progress_;
+    out->p = progress_.post(req, /*receive=*/local(peer));
+    return out;
   }
   void recv(void* data, size_t bytes, int peer, int tag) override {
     MPI_Status st;
@@ -340,6 +369,20 @@ class MpiCommunicator : public Communicator {
     return h;
   }
   HostMap hosts_;
+  bool local(int peer) const {
+    return static_cast<size_t>(peer) < hosts_.host_of.size() &&
+           hosts_.host_of[static_cast<size_t>(peer)] == hosts_.host_of[static_cast<size_t>(rank_)];
+  }
+  // A blocking send to this node's rank tested at idle priority: only to measure that choice
+  // (PIPER_PROGRESS_SEND_IDLE=1, bench/send_priority_bench.sh). The stream that sent then waits for
+  // the completion until the core idles, and the handoffs behind it come late.
+  static bool send_idle() {
+    static const bool on = [] {
+      const char* v = std::getenv("PIPER_PROGRESS_SEND_IDLE");
+      return v && std::string(v) == "1";
+    }();
+    return on;
+  }
   MPI_Comm comm(const std::vector<int>& group, int channel) {
     auto it = groups_.find({group, channel});
     if (it == groups_.end())

@@ -53,6 +53,7 @@ double Executor::Impl::evaluate(const TokenData& val, int64_t batches) {
     std::string failure = eval_threads->run(cur_step, [this](NodeId v) { run(v); },
                                             [this](const std::string& msg) { comm.abort(msg); }, nullptr);
     if (!failure.empty()) comm.abort(failure);
+    finish_sends();
     total += pass_loss();
   }
   evaluating = false;

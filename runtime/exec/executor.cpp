@@ -77,6 +77,7 @@ void Executor::Impl::setup() {
   // This thread filled the flat buffers on its own stream; the op streams do not wait for it.
   if (queues) queues->synchronize_current();
   fault = parse_fault(std::getenv("PIPER_FAULT"));
+  if (const char* b = std::getenv("PIPER_BLOCKING_SENDS")) blocking_sends = std::string(b) == "1";
 }
 
 // The run's sequence length, data and batch against the model and the plan, before anything is built.
@@ -176,6 +177,7 @@ StepResult Executor::Impl::step(int64_t s) {
   std::string failure = threads->run(s + 1, [this](NodeId v) { run(v); },
                                      [this](const std::string& msg) { comm.abort(msg); }, &res.ops);
   if (!failure.empty()) comm.abort(failure);
+  finish_sends();
   res.ops_began = std::chrono::duration<double>(threads->began().time_since_epoch()).count();
   if (queues) queues->synchronize();  // the step ends when its kernels have, not its launches
 

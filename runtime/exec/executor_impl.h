@@ -8,6 +8,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -69,6 +70,17 @@ struct Executor::Impl {
   std::unique_ptr<StreamThreads> eval_threads;
   std::atomic<bool> evaluating{false};
   std::optional<Fault> fault;
+  // Sends started and not yet done (ops.cpp), each with the tensor it reads and its op: a stream
+  // does not wait for its peer's receive. PIPER_BLOCKING_SENDS=1 waits as before, to measure the
+  // difference (bench/send_priority_bench.sh).
+  struct InFlight {
+    std::unique_ptr<Communicator::PendingSend> send;
+    torch::Tensor data;
+    ir::NodeId op;
+  };
+  std::mutex sends_mu;
+  std::vector<InFlight> in_flight;
+  bool blocking_sends = false;
 
   Impl(const sched::Plan& p, const std::string& path, const TokenData& d, Communicator& c, ExecutorOptions o);
 
@@ -106,6 +118,8 @@ struct Executor::Impl {
   void backward(ir::NodeId v);
   void all_to_all(ir::NodeId v);
   void send(ir::NodeId v);
+  void reap_sends();
+  void finish_sends();
   void recv(ir::NodeId v);
   void sum_tied(int32_t tie);
   void sum_copies(int32_t stage);

@@ -128,7 +128,48 @@ void Executor::Impl::send(NodeId v) {
   NodeId from = data_preds[static_cast<size_t>(v)].at(0);
   torch::Tensor t = values[static_cast<size_t>(from)].at(0).detach().contiguous();
   auto [peer, tag] = view.peers[static_cast<size_t>(v)];
-  comm.send(t.data_ptr(), static_cast<size_t>(t.nbytes()), peer, tag);
+  if (blocking_sends) return comm.send(t.data_ptr(), static_cast<size_t>(t.nbytes()), peer, tag);
+  auto started = comm.start_send(t.data_ptr(), static_cast<size_t>(t.nbytes()), peer, tag);
+  std::lock_guard lk(sends_mu);
+  in_flight.push_back({std::move(started), std::move(t), v});
+}
+
+// Lets go of the buffers of sends that are done. A failed one ends the op that noticed it, named.
+void Executor::Impl::reap_sends() {
+  std::lock_guard lk(sends_mu);
+  for (size_t i = 0; i < in_flight.size();) {
+    bool done = false;
+    try {
+      done = in_flight[i].send->done();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("{} (started earlier): {}", ir::token(node(in_flight[i].op)), e.what()));
+    }
+    if (!done) {
+      ++i;
+      continue;
+    }
+    in_flight[i] = std::move(in_flight.back());
+    in_flight.pop_back();
+  }
+}
+
+// A pass ends when its sends have: their peers received all. Watched as the job's own calls are.
+void Executor::Impl::finish_sends() {
+  std::vector<InFlight> left;
+  {
+    std::lock_guard lk(sends_mu);
+    left.swap(in_flight);
+  }
+  if (left.empty()) return;
+  calls->arm(fmt::format("in step {}, the last {} send{} of the step ({} first)", cur_step, left.size(),
+                         left.size() > 1 ? "s" : "", ir::token(node(left.front().op))));
+  try {
+    for (auto& f : left) f.send->wait();
+  } catch (const std::exception& e) {
+    calls->disarm();
+    comm.abort(fmt::format("rank {}, step {}: a send failed: {}", comm.rank(), cur_step, e.what()));
+  }
+  calls->disarm();
 }
 
 void Executor::Impl::recv(NodeId v) {
@@ -201,6 +242,7 @@ void Executor::Impl::run(NodeId v) {
   }
   for (NodeId u : data_preds[static_cast<size_t>(v)])
     if (--unread[static_cast<size_t>(u)] == 0) values[static_cast<size_t>(u)].clear();
+  if (!blocking_sends) reap_sends();
 }
 
 std::string Executor::Impl::describe_peers(NodeId v, const HostMap& hosts) const {
