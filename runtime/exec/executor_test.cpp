@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <thread>
 
@@ -77,11 +78,9 @@ std::vector<double> reference(int steps, int64_t batch, const std::string& path 
   return losses;
 }
 
-// Every rank of the plan as a thread with its own executor and an in-process communicator.
-std::vector<double> distributed(const std::string& strategy, std::vector<std::string> sets, int world, int steps,
-                                int64_t batch, const std::string& model = tiny_model(), const std::string& optimizer = "adamw",
-                                int64_t* expert_bytes = nullptr, bool through_nccl = false,
-                                const std::string& stream_device = "", DeviceStreamPlan* device_plans = nullptr) {
+// A library strategy compiled for `world` ranks and `batch` samples, as piper-run would.
+std::optional<sched::Plan> compile(const std::string& strategy, std::vector<std::string> sets, int world, int64_t batch,
+                                   const std::string& model = tiny_model()) {
   sched::PlanOptions opt;
   opt.cmd.np = world;
   opt.cmd.sets = std::move(sets);
@@ -90,6 +89,15 @@ std::vector<double> distributed(const std::string& strategy, std::vector<std::st
   std::string errors;
   auto plan = sched::compile_plan(model, std::string(PIPER_STRATEGY_DIR) + "/" + strategy, opt, &errors);
   REQUIRE_MESSAGE(plan, errors);
+  return plan;
+}
+
+// Every rank of the plan as a thread with its own executor and an in-process communicator.
+std::vector<double> distributed(const std::string& strategy, std::vector<std::string> sets, int world, int steps,
+                                int64_t batch, const std::string& model = tiny_model(), const std::string& optimizer = "adamw",
+                                int64_t* expert_bytes = nullptr, bool through_nccl = false,
+                                const std::string& stream_device = "", DeviceStreamPlan* device_plans = nullptr) {
+  auto plan = compile(strategy, std::move(sets), world, batch, model);
   auto comms = make_fake_world(world);
   FakeNcclWorld nccl;
   if (through_nccl)  // the NCCL communicator over a fake NCCL, bootstrapped by the fake MPI world
@@ -287,13 +295,7 @@ TEST_CASE("token data past the model's vocabulary is refused up front, naming th
   }
   const auto path = (fs::temp_directory_path() / ("piper-vocab-" + std::to_string(::getpid()) + ".bin")).string();
   std::ofstream(path, std::ios::binary) << bytes;
-  sched::PlanOptions opt;
-  opt.cmd.np = 1;
-  opt.cmd.batch_size = 2;
-  opt.cmd.search_path = default_search_path();
-  std::string errors;
-  auto plan = sched::compile_plan(tiny_model(), std::string(PIPER_STRATEGY_DIR) + "/single.piper", opt, &errors);
-  REQUIRE_MESSAGE(plan, errors);
+  auto plan = compile("single.piper", {}, 1, 2);
   auto comms = make_fake_world(1);
   TokenData data(path);
   CHECK_THROWS_WITH(Executor(*plan, tiny_model(), data, *comms[0], ExecutorOptions{2, 1e-3, "adamw", 0}),
@@ -322,4 +324,69 @@ TEST_CASE("expert gradients are the global batch's: SGD (not scale-invariant lik
   auto want = reference(4, 8, tiny_moe(), "sgd");
   same_losses(distributed("../tests/strategies/ep2.piper", {}, 2, 4, 8, tiny_moe(), "sgd"), want);
   same_losses(distributed("dualpipev_ep.piper", {"pp=2", "mb=4", "ep=2"}, 4, 4, 8, tiny_moe(), "sgd"), want);
+}
+
+namespace {
+// The fake world's communicator, except that its sends, once started, fail (as a lost link would):
+// the message still reaches the peer, so only the sender learns of it.
+class FailingSends : public Communicator {
+ public:
+  explicit FailingSends(Communicator& inner) : in_(inner) {}
+  int rank() const override { return in_.rank(); }
+  int size() const override { return in_.size(); }
+  void send(const void* d, size_t b, int p, int t) override { in_.send(d, b, p, t); }
+  void recv(void* d, size_t b, int p, int t) override { in_.recv(d, b, p, t); }
+  std::unique_ptr<PendingSend> start_send(const void* d, size_t b, int p, int t) override {
+    struct Lost : PendingSend {
+      std::unique_ptr<PendingSend> real;
+      bool done() override { return real->done() ? throw std::runtime_error("link lost") : false; }
+      void wait() override {
+        real->wait();
+        throw std::runtime_error("link lost");
+      }
+    };
+    auto out = std::make_unique<Lost>();
+    out->real = in_.start_send(d, b, p, t);
+    return out;
+  }
+  void all_reduce_sum(float* d, size_t n, const std::vector<int>& g, int c) override { in_.all_reduce_sum(d, n, g, c); }
+  void all_reduce_sum(double* d, size_t n, const std::vector<int>& g, int c) override { in_.all_reduce_sum(d, n, g, c); }
+  void reduce_scatter_sum(const float* i, float* o, const std::vector<size_t>& off, const std::vector<int>& g, int c) override {
+    in_.reduce_scatter_sum(i, o, off, g, c);
+  }
+  void all_gather(const float* i, float* o, const std::vector<size_t>& off, const std::vector<int>& g, int c) override {
+    in_.all_gather(i, o, off, g, c);
+  }
+  void all_to_all_v(const void* s, const std::vector<size_t>& sb, void* r, const std::vector<size_t>& rb, const std::vector<int>& g,
+                    int c) override {
+    in_.all_to_all_v(s, sb, r, rb, g, c);
+  }
+  [[noreturn]] void abort(const std::string& why) override { in_.abort(why); }
+
+ private:
+  Communicator& in_;
+};
+}  // namespace
+
+TEST_CASE("a send that fails after it was started ends the step on both ranks, the sender naming it") {
+  // 1F1B pp=2 with more microbatches than stages: rank 0's sends are in flight while it computes.
+  auto plan = compile("1f1b.piper", {"pp=2", "mb=4"}, 2, 8);
+  auto comms = make_fake_world(2);
+  FailingSends failing(*comms[0]);
+  TokenData data(kData);
+  std::vector<std::string> failures(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        Executor ex(*plan, tiny_model(), data, r == 0 ? static_cast<Communicator&>(failing) : *comms[1], ExecutorOptions{8, 1e-3, "adamw", 0});
+        ex.step(0);
+      } catch (const std::exception& e) {
+        failures[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  CHECK_MESSAGE(failures[0].find("(started earlier): link lost") != std::string::npos, failures[0]);
+  CHECK_MESSAGE(failures[0].find("0SEND_F") != std::string::npos, failures[0]);
+  CHECK_FALSE(failures[1].empty());  // the peer does not wait on: the job ended
 }

@@ -163,11 +163,13 @@ void Executor::Impl::finish_sends() {
   if (left.empty()) return;
   calls->arm(fmt::format("in step {}, the last {} send{} of the step ({} first)", cur_step, left.size(),
                          left.size() > 1 ? "s" : "", ir::token(node(left.front().op))));
-  try {
-    for (auto& f : left) f.send->wait();
-  } catch (const std::exception& e) {
-    calls->disarm();
-    comm.abort(fmt::format("rank {}, step {}: a send failed: {}", comm.rank(), cur_step, e.what()));
+  for (auto& f : left) {
+    try {
+      f.send->wait();
+    } catch (const std::exception& e) {
+      calls->disarm();
+      comm.abort(fmt::format("rank {}, step {}, op {} (started earlier): {}", comm.rank(), cur_step, ir::token(node(f.op)), e.what()));
+    }
   }
   calls->disarm();
 }
