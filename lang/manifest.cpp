@@ -193,17 +193,20 @@ class Loader {
       if (!j.contains(field)) continue;
       const json& mem = j[field];
       RegionMemory rm;
-      Measured split;
+      Measured held, peak;
       for (auto [key, out] : {std::pair{"saved", &rm.saved}, std::pair{"forward_peak", &rm.forward_peak},
-                              std::pair{"backward_peak", &rm.backward_peak}, std::pair{"split_held", &split}}) {
+                              std::pair{"backward_peak", &rm.backward_peak}, std::pair{"split_held", &held},
+                              std::pair{"split_peak", &peak}}) {
         const std::string at = fmt::format("{}.{}.{}", where, field, key);
         const json* v = mem.is_object() && mem.contains(key) ? &mem[key] : nullptr;
-        if (!v && std::string_view(key) == "split_held") continue;  // optional
+        const bool optional = out == &held || out == &peak;
+        if (!v && optional) continue;
         if (!v || !v->is_array() || v->size() != 3 ||
             std::any_of(v->begin(), v->end(), [](const json& x) { return !x.is_number_integer() || x.get<int64_t>() < 0; }))
           return fail(at, "expected [bytes at 1, 2 and 4 samples] (non-negative integers)"), false;
         *out = Measured{(*v)[0].get<int64_t>(), (*v)[1].get<int64_t>(), (*v)[2].get<int64_t>()};
-        if (out == &split) rm.split_held = split;
+        if (out == &held) rm.split_held = held;
+        if (out == &peak) rm.split_peak = peak;
       }
       *slot = rm;
     }

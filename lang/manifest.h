@@ -48,7 +48,9 @@ struct TensorLayout {
 // level before its backward (its saved tensors and the output gradient already counted), its input
 // gradient included. `split_held` (regions with a differentiable input) is what its graph still
 // holds between the input and the weight halves of a split backward (BI, BW): the saved tensors the
-// weight gradients need and the output gradients of the ops that own weights; without it, `saved`.
+// weight gradients need (its input too, where an op with weights saved it) and the output gradients
+// of the ops that own weights; without it, `saved`. `split_peak`, the most above the level before BI
+// while it runs, its input gradient included; without it, `backward_peak`.
 struct Measured {
   int64_t at1 = 0, at2 = 0, at4 = 0;
   int64_t at(int64_t samples) const {
@@ -59,7 +61,7 @@ struct Measured {
 };
 struct RegionMemory {
   Measured saved, forward_peak, backward_peak;
-  std::optional<Measured> split_held;
+  std::optional<Measured> split_held, split_peak;
 };
 
 // One piece of a region's forward, per sample, for the roofline cost model (docs/manifest.md,

@@ -53,13 +53,14 @@ int64_t spec_bytes(const std::optional<TensorSpec>& t, int64_t samples, bool bf1
 struct PieceMemory {
   int64_t saved = 0, forward_peak = 0, backward_peak = 0;
   int64_t split_held = 0;  // held between BI and BW (a split backward)
+  int64_t split_peak = 0;  // BI's peak above the level it starts from
   int64_t output = 0;  // the last region's output (what recomputation keeps)
   int64_t input = 0;   // the first region's input (the size of the input gradient, when it has one)
 };
 
 struct RegionBytes {
   int64_t saved, forward_peak, backward_peak, output;
-  int64_t split_held;
+  int64_t split_held, split_peak;
 };
 
 // A region measured (manifest `memory`), or estimated when it was not: its and its sub-regions'
@@ -70,15 +71,17 @@ RegionBytes region_bytes(const Manifest& m, RegionId r, int64_t samples, bool bf
   const auto& mem = bf16 && reg.memory_bf16 ? reg.memory_bf16 : reg.memory;
   if (mem) {
     const int64_t saved = mem->saved.at(samples);
-    RegionBytes b{saved, mem->forward_peak.at(samples), mem->backward_peak.at(samples), out,
-                  mem->split_held ? mem->split_held->at(samples) : saved};
+    const int64_t backward_peak = mem->backward_peak.at(samples);
+    RegionBytes b{saved, mem->forward_peak.at(samples), backward_peak, out,
+                  mem->split_held ? mem->split_held->at(samples) : saved,
+                  mem->split_peak ? mem->split_peak->at(samples) : backward_peak};
     if (bf16 && !reg.memory_bf16)  // fp32 facts only
-      b = {b.saved / 2, b.forward_peak / 2, b.backward_peak / 2, out, b.split_held / 2};
+      b = {b.saved / 2, b.forward_peak / 2, b.backward_peak / 2, out, b.split_held / 2, b.split_peak / 2};
     return b;
   }
   int64_t held = out;
   for (RegionId c : reg.children) held += region_bytes(m, c, samples, bf16).saved;
-  return {held, held, out, out, held};
+  return {held, held, out, out, held, out};
 }
 
 // A part of a region as one rank holds it: each figure of `whole` mapped by `at` (whole's figure,
@@ -87,8 +90,10 @@ template <typename At>
 RegionBytes part_bytes(const RegionBytes& whole, const std::optional<RegionMemory>& probe, const At& at) {
   const RegionMemory* p = probe ? &*probe : nullptr;
   const Measured* split = p && p->split_held ? &*p->split_held : p ? &p->saved : nullptr;
+  const Measured* split_peak = p && p->split_peak ? &*p->split_peak : p ? &p->backward_peak : nullptr;
   return {at(whole.saved, p ? &p->saved : nullptr), at(whole.forward_peak, p ? &p->forward_peak : nullptr),
-          at(whole.backward_peak, p ? &p->backward_peak : nullptr), whole.output, at(whole.split_held, split)};
+          at(whole.backward_peak, p ? &p->backward_peak : nullptr), whole.output, at(whole.split_held, split),
+          at(whole.split_peak, split_peak)};
 }
 
 // `b` with its part `whole` replaced by what one rank holds of it.
@@ -97,6 +102,7 @@ void replace_part(RegionBytes& b, const RegionBytes& whole, const RegionBytes& m
   b.forward_peak -= whole.forward_peak - mine.forward_peak;
   b.backward_peak -= whole.backward_peak - mine.backward_peak;
   b.split_held -= whole.split_held - mine.split_held;
+  b.split_peak -= whole.split_peak - mine.split_peak;
 }
 
 // Region `r` on one rank of a tensor-parallel group of `ways`: each sharded region inside it (in
@@ -157,13 +163,16 @@ PieceMemory compose(const std::vector<RegionBytes>& rs, int64_t input) {
     p.saved += r.saved;
     p.split_held += r.split_held;
   }
-  // Backward, last region first: the later regions' saved tensors are gone by then, the gradient of
-  // this region's output (the next one's input gradient) is live.
-  int64_t freed = 0;
+  // Backward, last region first: the later regions' saved tensors are gone by then (a BI: they are
+  // what the weight half holds of them), the gradient of this region's output (the next one's input
+  // gradient) is live.
+  int64_t freed = 0, changed = 0;
   for (size_t k = rs.size(); k-- > 0;) {
     const int64_t grad_out = k + 1 < rs.size() ? rs[k].output : 0;
     p.backward_peak = std::max(p.backward_peak, rs[k].backward_peak + grad_out - freed);
+    p.split_peak = std::max(p.split_peak, rs[k].split_peak + grad_out + changed);
     freed += rs[k].saved;
+    changed += rs[k].split_held - rs[k].saved;
   }
   if (!rs.empty()) p.output = rs.back().output;
   return p;
@@ -314,6 +323,7 @@ class ClassModel {
       p.split_held = owned * one.split_held + out;
       p.forward_peak = p.saved + (one.forward_peak - one.saved);
       p.backward_peak = one.backward_peak;
+      p.split_peak = one.split_peak;
       p.output = out;
     } else {
       for (size_t k2 = 0; k2 < seg.regions.size(); ++k2) {
@@ -357,7 +367,8 @@ class ClassModel {
         const bool recompute = x.op != Op::BW && has_recompute(x);
         // Recomputation re-runs the forward first: its saved tensors are back for the backward.
         const int64_t again = recompute ? p.saved - p.output : 0;
-        const int64_t transient = recompute ? std::max(p.forward_peak - p.saved, p.backward_peak) : p.backward_peak;
+        const int64_t backward_peak = x.op == Op::BI && split(x) ? p.split_peak : p.backward_peak;
+        const int64_t transient = recompute ? std::max(p.forward_peak - p.saved, backward_peak) : backward_peak;
         add(a, again + transient, MemCategory::Activations);
         add(b, -transient, MemCategory::Activations);
         if (split(x)) {

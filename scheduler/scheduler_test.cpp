@@ -38,6 +38,20 @@ double act(const Plan& x) {
   return double(m);
 }
 
+// The published tables' own assumptions about memory: every layer holds one size of activations
+// from its forward to its last backward (all of it between BI and BW), nothing above that while it
+// runs, and the embedding and head nothing. The fullest rank then holds whole microbatches of a
+// stage, the tables' unit, so its multiple of 1F1B's is the schedule's alone.
+void uniform_activations(Manifest& m) {
+  const int64_t u = int64_t{1} << 20;
+  const Measured one{u, 2 * u, 4 * u}, none{};
+  for (auto& r : m.regions) {
+    r.memory_bf16.reset();
+    if (r.kind == "block") r.memory = RegionMemory{one, one, none, one, none};
+    else if (r.kind == "embedding" || r.kind == "lm_head") r.memory = RegionMemory{none, none, none, none, none};
+  }
+}
+
 std::vector<std::string> compute_order(const Planned& p, int32_t rank) {
   auto csv = emit_torch_csv(p.dag, p.schedule);
   std::vector<std::string> lines;
@@ -132,9 +146,9 @@ TEST_CASE("DualPipe: bubble (PP/2-1)(F&B+B-3W), 2x parameters, (PP+1)/PP of 1F1B
 // ZBV's idle under unit costs (a chunk: F 1, input gradient 1, weight gradient 1, so T_F = T_B = T_W
 // per chunk) is the last rank's fill alone, (PP-1) F: no schedule starts that rank earlier, so the
 // published "zero bubble" is this bound. A chunk is half a stage, so it is half ZB1P's in stage time.
-// Activations: the fullest rank holds 1.25x of 1F1B's fullest at PP 4, 1.33x at 8, 1.36x at 16 (the
-// published figure is 1x); checked below 1.4x.
-TEST_CASE("ZBV: idle (PP-1) F, the last rank's fill, activations near 1F1B's, PP 4, 8, 16") {
+// Activations: the published 1x of 1F1B's, exactly under the table's assumptions and within 10% in
+// the bytes gpt32 measures (1.02x, 1.03x, 1.04x: what BI keeps for BW is not what the forward saved).
+TEST_CASE("ZBV: idle (PP-1) F, the last rank's fill, 1F1B's activations, PP 4, 8, 16") {
   for (int p : {4, 8, 16}) {
     CAPTURE(p);
     Planner f("gpt32");
@@ -146,20 +160,26 @@ TEST_CASE("ZBV: idle (PP-1) F, the last rank's fill, activations near 1F1B's, PP
     CHECK(most == doctest::Approx(p - 1));
     CHECK(stats.back().idle == doctest::Approx(p - 1));
     auto onefb = plan(f, "use \"1f1b.piper\";\n", sets);
-    CHECK(act(zbv) < 1.4 * act(onefb));
+    CHECK(act(zbv) / act(onefb) == doctest::Approx(1.0).epsilon(0.10));
+    Planner u("gpt32");
+    uniform_activations(u.manifest);
+    CHECK(act(plan(u, "use \"zbv.piper\";\n", sets)) / act(plan(u, "use \"1f1b.piper\";\n", sets)) ==
+          doctest::Approx(1.0).epsilon(0.02));
   }
 }
 
 // A controllable-memory V schedule under unit costs (per chunk F = I = W = 1), at PP 4, 8, 16 with
 // 2*pp microbatches: every rank idles `idle(pp)` chunk-times, under `published` x B (B = 1F1B's
-// (pp-1)(F+B) in stage time; a chunk is half a stage); its fullest rank's activations are `ratio`
-// of 1F1B's, under `below_zbv` x ZBV's (the same placement at its 1x) and above `above`'s, if named.
+// (pp-1)(F+B) in stage time; a chunk is half a stage); its fullest rank's activations are the
+// table's multiple of 1F1B's (sail-sg's "activation memory by #micro-batch" over 1F1B's pp): exactly
+// under the table's assumptions, within 10% in the bytes gpt32 measures; under `below_zbv` x ZBV's
+// (the same placement at its 1x) and above `above`'s, if named.
 namespace {
 struct VSchedule {
   const char* file;
   int (*idle)(int pp);
   double published;
-  std::map<int, double> ratio;
+  int (*microbatches)(int pp);  // the table's activations, in microbatches of a stage
   double below_zbv;
   const char* above = nullptr;
 };
@@ -174,25 +194,31 @@ void check_v_schedule(const VSchedule& v) {
     CHECK(idle == doctest::Approx(v.idle(p)));
     auto onefb = plan(f, use("1f1b.piper"), sets);
     CHECK(idle / 2 < v.published * bubble(onefb).first);
-    CHECK(act(pl) / act(onefb) == doctest::Approx(v.ratio.at(p)).epsilon(0.02));
+    const double table = double(v.microbatches(p)) / p;
+    CHECK(act(pl) / act(onefb) == doctest::Approx(table).epsilon(0.10));
     CHECK(act(pl) < v.below_zbv * act(plan(f, use("zbv.piper"), sets)));  // the memory its bubble buys
     if (v.above) CHECK(act(pl) > act(plan(f, use(v.above), sets)));        // and what the other's buys
+    Planner u("gpt32");
+    uniform_activations(u.manifest);
+    CHECK(act(plan(u, use(v.file), sets)) / act(plan(u, use("1f1b.piper"), sets)) == doctest::Approx(table).epsilon(0.02));
   }
 }
 }  // namespace
 
 // V-Min: its building block's fill and drain idle every rank 4*pp-5 chunk-times, one chunk under
-// the published 2B/3 + O(n); activations fall towards the published third of 1F1B's as pp grows.
-TEST_CASE("V-Min: idle 4*pp-5 chunks (2B/3), activations 0.62x, 0.56x, 0.42x of 1F1B's, PP 4, 8, 16") {
-  check_v_schedule({"vmin.piper", [](int p) { return 4 * p - 5; }, 2.0 / 3.0, {{4, 0.62}, {8, 0.56}, {16, 0.42}}, 0.5});
+// the published 2B/3 + O(n); activations (pp+4)/3 microbatches against 1F1B's pp (0.5x, 0.5x, 0.375x;
+// a third as pp grows). Measured on gpt32: 0.52x, 0.51x, 0.41x.
+TEST_CASE("V-Min: idle 4*pp-5 chunks (2B/3), activations (pp+4)/3 microbatches against 1F1B's pp, PP 4, 8, 16") {
+  check_v_schedule({"vmin.piper", [](int p) { return 4 * p - 5; }, 2.0 / 3.0, [](int p) { return (p + 4) / 3; }, 0.6});
 }
 
 // V-Half from its library files (the published construction's output, strategies/vhalf/): each rank
-// idles 3*pp-7 chunk-times, under the published B/2 (3*pp-3 chunks); activations fall towards the
-// published half of 1F1B's (the block holds pp+2 chunks against 1F1B's 2*pp; the squeeze fills every
-// rank up to the fullest rank's count, the last rank's fill most), between V-Min's and ZBV's.
-TEST_CASE("V-Half: idle 3*pp-7 chunks (under B/2), activations 0.97x, 0.73x, 0.62x of 1F1B's, PP 4, 8, 16") {
-  check_v_schedule({"vhalf.piper", [](int p) { return 3 * p - 7; }, 0.5, {{4, 0.967}, {8, 0.735}, {16, 0.619}}, 0.8,
+// idles 3*pp-7 chunk-times, under the published B/2 (3*pp-3 chunks); activations (pp+2)/2
+// microbatches against 1F1B's pp (0.75x, 0.625x, 0.5625x; a half as pp grows: the block holds pp+2
+// chunks, and the squeeze keeps every rank at that), between V-Min's and ZBV's. Measured on gpt32:
+// 0.78x, 0.66x, 0.60x.
+TEST_CASE("V-Half: idle 3*pp-7 chunks (under B/2), activations (pp+2)/2 microbatches against 1F1B's pp, PP 4, 8, 16") {
+  check_v_schedule({"vhalf.piper", [](int p) { return 3 * p - 7; }, 0.5, [](int p) { return (p + 2) / 2; }, 0.8,
                     "vmin.piper"});
 }
 

@@ -4,6 +4,8 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -23,7 +25,12 @@ using torch::autograd::Node;
 //   BI runs the engine on I alone (outputs: the inputs and the branch points' inputs, so nothing
 //      else runs, and the branch points compute only the gradients I needs) and captures what each
 //      branch point received;
-//   then the branch points' edges into I are cut: the rest of I (its saved activations) is freed;
+//   every other node of I lets go of what it saved as soon as it has run (BW never runs it): the
+//      cut alone would free little, since a branch point's saved input (a linear's X) holds its
+//      grad_fn and through it the chain of I back to the branch point before, with all those nodes
+//      saved (a GELU's input, attention's probabilities); and freed as they run, BI's peak is not
+//      every saved tensor and every captured gradient at once;
+//   then the branch points' edges into I are cut: the rest of I goes with the outputs;
 //   BW runs the engine from the branch points with what they received: only the edges that leave I
 //      remain, so only weight gradients are computed.
 namespace {
@@ -63,6 +70,27 @@ std::unordered_map<Node*, Marks> mark(const std::vector<Edge>& roots, const std:
   }
   return marks;
 }
+
+// PIPER_SPLIT_KEEP_SAVED=1 keeps them until BW instead (the split as it was before the release), a
+// measuring switch: bench/split_memory_bench.sh runs both ways.
+bool release_as_run() {
+  static const bool keep = [] {
+    const char* v = std::getenv("PIPER_SPLIT_KEEP_SAVED");
+    return v && std::string(v) == "1";
+  }();
+  return !keep;
+}
+
+// Frees its node's saved tensors once the node has run (under keep_graph the engine keeps them).
+struct ReleaseWhenRun : torch::autograd::FunctionPostHook {
+  explicit ReleaseWhenRun(Node* n) : node(n) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grad_inputs,
+                                            const torch::autograd::variable_list&) override {
+    node->release_variables();
+    return grad_inputs;
+  }
+  Node* node;  // the hook's owner
+};
 }  // namespace
 
 std::vector<torch::Tensor> backward_inputs(const std::vector<torch::Tensor>& outputs, const std::vector<torch::Tensor>& grads,
@@ -102,6 +130,7 @@ std::vector<torch::Tensor> backward_inputs(const std::vector<torch::Tensor>& out
       }
     }
     if (branch) branches.push_back(n);
+    else if (release_as_run()) n->add_post_hook(std::make_unique<ReleaseWhenRun>(n.get()));
   }
   std::vector<Edge> outputs_wanted = input_edges;
   for (const auto& b : branches)

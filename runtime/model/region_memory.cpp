@@ -24,6 +24,7 @@ constexpr int kMeasureRank = 255;  // a memory-counter slot of its own, apart fr
 struct Sample {
   int64_t saved = 0, forward_peak = 0, backward_peak = 0;
   int64_t split_held = -1;  // -1: the input is not differentiable (tokens), no split
+  int64_t split_peak = -1;
 };
 
 std::vector<torch::Tensor> tensors_of(const c10::IValue& v) {
@@ -43,50 +44,64 @@ Sample measure_once(const Runner& run, const json& input, bool loss, int64_t b, 
   std::vector<int64_t> shape{b};
   for (const auto& d : input["shape"]) shape.push_back(d.get<int64_t>());
   const bool tokens = input.value("dtype", "float32") == "int64";
-  torch::Tensor x = tokens ? torch::randint(vocab, shape, torch::kLong)
-                           : torch::randn(shape, torch::TensorOptions().dtype(dtype)).requires_grad_(true);
+  auto make_input = [&] {
+    return tokens ? torch::randint(vocab, shape, torch::kLong)
+                  : torch::randn(shape, torch::TensorOptions().dtype(dtype)).requires_grad_(true);
+  };
   torch::Tensor targets = loss ? torch::randint(vocab, {b, shape.size() > 1 ? shape[1] : 1}, torch::kLong) : torch::Tensor();
+  auto forward = [&](const torch::Tensor& x) {
+    std::vector<torch::Tensor> outs = tensors_of(run(x));
+    if (loss) {
+      const torch::Tensor logits = outs.at(0).to(torch::kFloat);  // the loss in fp32, as the executor does
+      outs = {at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}))};
+    }
+    return outs;
+  };
+  // The outputs that receive a gradient, and a gradient for each (a loss needs none).
+  auto roots_of = [&](const std::vector<torch::Tensor>& outs, std::vector<torch::Tensor>& roots, std::vector<torch::Tensor>& grads) {
+    for (auto& o : outs)
+      if (o.requires_grad()) {
+        roots.push_back(o);
+        if (!loss) grads.push_back(torch::randn_like(o));
+      }
+  };
   Sample s;
+  torch::Tensor x = make_input();
   reset_memory_peak(kMeasureRank);
   const int64_t before = memory_stats(kMeasureRank).live;
-  std::vector<torch::Tensor> outs = tensors_of(run(x));
-  if (loss) {
-    const torch::Tensor logits = outs.at(0).to(torch::kFloat);  // the loss in fp32, as the executor does
-    outs = {at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}))};
-  }
+  std::vector<torch::Tensor> outs = forward(x);
   const MemoryStats after = memory_stats(kMeasureRank);
   s.saved = after.live - before;
   s.forward_peak = after.peak - before;
   std::vector<torch::Tensor> roots, grads;
-  for (auto& o : outs)
-    if (o.requires_grad()) {
-      roots.push_back(o);
-      if (!loss) grads.push_back(torch::randn_like(o));
-    }
+  roots_of(outs, roots, grads);
   reset_memory_peak(kMeasureRank);
   const int64_t level = memory_stats(kMeasureRank).live;
   if (!roots.empty()) torch::autograd::backward(roots, grads);
   s.backward_peak = memory_stats(kMeasureRank).peak - level;
   outs.clear();
   roots.clear();
+  grads.clear();
+  x = torch::Tensor();
   if (tokens) return s;
-  // The split backward, as the executor runs BI and BW: what the graph holds in between, without
-  // the gradients flowing in and out (the memory model counts those as the pieces' values).
-  x.mutable_grad() = torch::Tensor();
+  // The split backward, as the executor runs BI and BW. What the graph holds in between counts the
+  // input and the output gradients where the graph keeps them (a layer norm's saved input, a
+  // captured gradient), since the executor lets go of its own references at BI, but not the input
+  // gradient (the memory model counts that as the piece's value). And BI's peak above its start.
   const int64_t start = memory_stats(kMeasureRank).live;
-  outs = tensors_of(run(x));
-  if (loss) {
-    const torch::Tensor logits = outs.at(0).to(torch::kFloat);
-    outs = {at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}))};
-  }
-  for (auto& o : outs)
-    if (o.requires_grad()) roots.push_back(o);
+  x = make_input();
+  outs = forward(x);
+  roots_of(outs, roots, grads);
+  reset_memory_peak(kMeasureRank);
+  const int64_t before_bi = memory_stats(kMeasureRank).live;
   WeightHalf rest;
   std::vector<torch::Tensor> dx = backward_inputs(roots, grads, {x}, &rest);
+  s.split_peak = memory_stats(kMeasureRank).peak - before_bi;
   outs.clear();
   roots.clear();
-  dx.clear();
   grads.clear();
+  dx.clear();
+  x = torch::Tensor();
   s.split_held = memory_stats(kMeasureRank).live - start;
   backward_weights(rest);
   return s;
@@ -158,7 +173,7 @@ std::map<std::string, json> measure(RegionModel& model, json& j, torch::ScalarTy
       p.set_requires_grad(true);
       p.mutable_grad() = torch::zeros_like(p);
     }
-    json saved = json::array(), fwd = json::array(), bwd = json::array(), held = json::array();
+    json saved = json::array(), fwd = json::array(), bwd = json::array(), held = json::array(), split_peak = json::array();
     try {
       const ProbeRing ring;
       json input = r["input"];
@@ -173,6 +188,7 @@ std::map<std::string, json> measure(RegionModel& model, json& j, torch::ScalarTy
         fwd.push_back(s.forward_peak);
         bwd.push_back(s.backward_peak);
         if (s.split_held >= 0) held.push_back(s.split_held);
+        if (s.split_peak >= 0) split_peak.push_back(s.split_peak);
       }
     } catch (const std::exception& e) {
       set_memory_rank(saved_rank);
@@ -182,6 +198,7 @@ std::map<std::string, json> measure(RegionModel& model, json& j, torch::ScalarTy
     for (auto p : m.parameters()) p.mutable_grad() = torch::Tensor();
     facts[sig] = json{{"saved", saved}, {"forward_peak", fwd}, {"backward_peak", bwd}};
     if (held.size() == 3) facts[sig]["split_held"] = held;
+    if (split_peak.size() == 3) facts[sig]["split_peak"] = split_peak;
   }
   set_memory_rank(saved_rank);
   torch::set_num_threads(threads);
