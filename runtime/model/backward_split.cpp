@@ -71,8 +71,8 @@ std::unordered_map<Node*, Marks> mark(const std::vector<Edge>& roots, const std:
   return marks;
 }
 
-// PIPER_SPLIT_KEEP_SAVED=1 keeps them until BW instead (the split as it was before the release), a
-// measuring switch: bench/split_memory_bench.sh runs both ways.
+// PIPER_SPLIT_KEEP_SAVED=1: the input half keeps what it saved until BW, as the split did before
+// 2026-12-07 (a measuring switch: bench/split_memory_bench.sh runs both ways).
 bool release_as_run() {
   static const bool keep = [] {
     const char* v = std::getenv("PIPER_SPLIT_KEEP_SAVED");
