@@ -13,6 +13,14 @@ StreamThreads::StreamThreads(const ir::Graph& g, const sched::ClassProgram& prog
                              const std::vector<std::vector<ir::NodeId>>& preds, int rank, std::function<void(size_t)> thread_init)
     : g_(g), program_(program), preds_(preds), rank_(rank), thread_init_(std::move(thread_init)), done_(g.nodes.size(), 0),
       heads_(program.streams.size()) {
+  succs_.resize(g.nodes.size());
+  stream_of_.assign(g.nodes.size(), -1);
+  for (size_t v = 0; v < preds_.size(); ++v)
+    for (ir::NodeId u : preds_[v]) succs_[static_cast<size_t>(u)].push_back(static_cast<ir::NodeId>(v));
+  for (size_t s = 0; s < program_.streams.size(); ++s) {
+    wake_.push_back(std::make_unique<std::condition_variable>());
+    for (ir::NodeId v : program_.streams[s].ops) stream_of_[static_cast<size_t>(v)] = static_cast<int32_t>(s);
+  }
   for (size_t s = 0; s < program_.streams.size(); ++s) threads_.emplace_back([this, s] { loop(s); });
 }
 
@@ -20,8 +28,8 @@ StreamThreads::~StreamThreads() {
   {
     std::lock_guard lk(mu_);
     stop_ = true;
+    wake_all();
   }
-  cv_.notify_all();
   for (auto& t : threads_) t.join();
 }
 
@@ -29,6 +37,20 @@ bool StreamThreads::ready(ir::NodeId v) const {
   for (ir::NodeId u : preds_[static_cast<size_t>(v)])
     if (!done_[static_cast<size_t>(u)]) return false;
   return true;
+}
+
+void StreamThreads::wake_all() {
+  for (auto& w : wake_) w->notify_one();  // one thread waits on each
+  all_done_.notify_all();
+}
+
+void StreamThreads::wake_successors(ir::NodeId v) {
+  int32_t last = -1;  // successors on one stream are usually adjacent: notify it once
+  for (ir::NodeId w : succs_[static_cast<size_t>(v)]) {
+    const int32_t s = stream_of_[static_cast<size_t>(w)];
+    if (s >= 0 && s != last) wake_[static_cast<size_t>(s)]->notify_one();
+    last = s;
+  }
 }
 
 std::string StreamThreads::run(int64_t step, const RunOp& op, const OnFailure& on_failure, std::vector<OpSpan>* spans) {
@@ -43,14 +65,14 @@ std::string StreamThreads::run(int64_t step, const RunOp& op, const OnFailure& o
   t0_ = std::chrono::steady_clock::now();
   for (auto& h : heads_) h = Head{-1, false, t0_};
   ++generation_;
-  cv_.notify_all();
+  wake_all();
   // The watchdog: this thread wakes every second while the streams work.
-  while (!cv_.wait_for(lk, std::chrono::seconds(1), [&] { return finished_ == threads_.size(); })) {
+  while (!all_done_.wait_for(lk, std::chrono::seconds(1), [&] { return finished_ == threads_.size(); })) {
     if (op_timeout_ <= 0 || !failure_.empty()) continue;
     const std::string report = stuck_report(std::chrono::steady_clock::now());
     if (report.empty()) continue;
     failure_ = report;
-    cv_.notify_all();
+    wake_all();
     lk.unlock();
     // Peers stuck with this rank time out within a second or two: let them print their streams
     // before the job ends, so the output shows every rank's.
@@ -62,7 +84,7 @@ std::string StreamThreads::run(int64_t step, const RunOp& op, const OnFailure& o
     } catch (const std::exception&) {
     }
     lk.lock();
-    cv_.wait(lk, [&] { return finished_ == threads_.size(); });  // reached only where on_failure returns (tests)
+    all_done_.wait(lk, [&] { return finished_ == threads_.size(); });  // reached only where on_failure returns (tests)
   }
   return failure_;
 }
@@ -115,7 +137,7 @@ void StreamThreads::loop(size_t s) {
   for (;;) {
     {
       std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
+      wake_[s]->wait(lk, [&] { return stop_ || generation_ != seen; });
       if (stop_) return;
       seen = generation_;
     }
@@ -130,7 +152,7 @@ void StreamThreads::loop(size_t s) {
       {
         std::unique_lock lk(mu_);
         heads_[s] = Head{v, false, std::chrono::steady_clock::now()};
-        cv_.wait(lk, [&] {
+        wake_[s]->wait(lk, [&] {
           if (!failure_.empty()) return true;
           const int32_t w = prog.window.empty() || in_order_ ? -1 : prog.window[next];
           for (size_t i = next; i < prog.ops.size() && (i == next || (w >= 0 && prog.window[i] == w)); ++i)
@@ -160,8 +182,8 @@ void StreamThreads::loop(size_t s) {
           if (failure_.empty())
             failure_ = msg = fmt::format("rank {}, step {}, op {} on stream {}: {}", rank_, step_, ir::token(g_.nodes[static_cast<size_t>(v)]),
                                          stream, error);
+          wake_all();
         }
-        cv_.notify_all();
         if (!msg.empty()) try {
             (*on_failure_)(msg);  // ends the job: no peer may wait for this rank
           } catch (const std::exception&) {
@@ -176,12 +198,12 @@ void StreamThreads::loop(size_t s) {
       done_[static_cast<size_t>(v)] = 1;
       ran[at] = 1;
       while (next < prog.ops.size() && ran[next]) ++next;
-      cv_.notify_all();
+      wake_successors(v);
     }
     std::lock_guard lk(mu_);
     heads_[s].op = -1;
     ++finished_;
-    cv_.notify_all();
+    all_done_.notify_all();
   }
 }
 

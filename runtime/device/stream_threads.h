@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -60,6 +61,8 @@ class StreamThreads {
  private:
   void loop(size_t stream);
   bool ready(ir::NodeId v) const;  // under mu_
+  void wake_all();                  // under mu_: every stream and the caller (a step, a failure, stop)
+  void wake_successors(ir::NodeId v);  // under mu_: the streams of v's local successors
   // Under mu_: the report when some stream is stuck past the timeout, else "".
   std::string stuck_report(std::chrono::steady_clock::time_point now) const;
   std::string stream_rows(std::chrono::steady_clock::time_point now) const;  // under mu_: a row per stream
@@ -71,7 +74,14 @@ class StreamThreads {
   std::function<void(size_t)> thread_init_;
   std::vector<std::thread> threads_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  // Each stream thread sleeps on its own condition variable, woken only when an op it may run next
+  // could have become ready (a local predecessor finished), a step begins, or a stream failed: one
+  // shared variable woke every stream of the rank at every op's end, each to find nothing to do
+  // and sleep again, on the core the rank's compute runs on. `all_done_` is the caller's.
+  std::vector<std::unique_ptr<std::condition_variable>> wake_;
+  std::condition_variable all_done_;
+  std::vector<std::vector<ir::NodeId>> succs_;  // local successors of each node (preds_ inverted)
+  std::vector<int32_t> stream_of_;              // each node's program stream (-1: none on this rank)
   std::vector<char> done_;
   uint64_t generation_ = 0;  // bumped per step; threads run one step per bump
   size_t finished_ = 0;      // threads done with this step
