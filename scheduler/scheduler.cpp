@@ -214,12 +214,29 @@ class ListScheduler {
     done_.assign(n_, false);
   }
 
+  void collect_rendezvous() {
+    std::map<std::pair<ir::Payload, int32_t>, std::vector<NodeId>> sets;
+    for (size_t v = 0; v < n_; ++v) {
+      const Node& x = g_.nodes[v];
+      if (x.op != Op::AllReduce) continue;
+      if (x.payload == ir::Payload::Norm) sets[{x.payload, 0}].push_back(static_cast<NodeId>(v));
+      if (x.payload == ir::Payload::Tied) sets[{x.payload, x.bucket}].push_back(static_cast<NodeId>(v));
+      if (x.payload == ir::Payload::Copy) sets[{x.payload, x.stage}].push_back(static_cast<NodeId>(v));
+    }
+    rendezvous_.assign(n_, -1);
+    for (auto& [key, members] : sets) {
+      if (members.size() < 2) continue;
+      for (NodeId m : members) rendezvous_[at(m)] = static_cast<int32_t>(rendezvous_sets_.size());
+      rendezvous_sets_.push_back(std::move(members));
+    }
+  }
+
   // Overlap groups must share a resource: co-scheduled work runs on one device, one stream.
   bool overlaps_share_resources() {
     for (size_t v = 0; v < n_; ++v) {
       if (g_.nodes[v].overlap >= 0) overlap_[g_.nodes[v].overlap].push_back(static_cast<NodeId>(v));
-      if (g_.nodes[v].payload == ir::Payload::Norm) norms_.push_back(static_cast<NodeId>(v));
     }
+    collect_rendezvous();
     for (const auto& [id, members] : overlap_)
       for (NodeId m : members)
         if (resource_[at(m)] != resource_[at(members.front())]) {
@@ -323,7 +340,7 @@ class ListScheduler {
     }
     const int32_t r = resource_[at(v)];
     ready_[static_cast<size_t>(r)].push(Best{ready_at_[at(v)], priority(x.op), x.microbatch, x.stage, v, r},
-                                        x.overlap < 0 && anchor_[at(v)] < 0 && x.payload != ir::Payload::Norm &&
+                                        x.overlap < 0 && anchor_[at(v)] < 0 && rendezvous_[at(v)] < 0 &&
                                             window_task_[at(v)] < 0);
   }
 
@@ -331,8 +348,8 @@ class ListScheduler {
   std::optional<Unit> unit_of(NodeId v) const {
     const Node& x = g_.nodes[at(v)];
     if (NodeId a = anchor_[at(v)]; a >= 0 && anchor_waits(a)) return std::nullopt;
-    if (x.payload == ir::Payload::Norm)  // the rendezvous: every rank's share is ready
-      for (NodeId m : norms_)
+    if (int32_t k = rendezvous_[at(v)]; k >= 0)  // every member's share is ready
+      for (NodeId m : rendezvous_sets_[static_cast<size_t>(k)])
         if (pending_[at(m)] != 0) return std::nullopt;
     if (x.overlap < 0) return Unit{{v}};
     Unit u{overlap_.at(x.overlap)};
@@ -350,8 +367,8 @@ class ListScheduler {
         auto u = unit_of(v);
         if (!u) continue;
         double t = std::max(free_at_[r], unit_ready(*u));
-        if (g_.nodes[at(v)].payload == ir::Payload::Norm)  // it ends when the last rank's gradients are final
-          for (NodeId m : norms_) t = std::max(t, ready_at_[at(m)]);
+        if (int32_t k = rendezvous_[at(v)]; k >= 0)  // it runs once the last member's input is final
+          for (NodeId m : rendezvous_sets_[static_cast<size_t>(k)]) t = std::max(t, ready_at_[at(m)]);
         for (NodeId m : u->nodes) {
           if (NodeId a = anchor_[at(m)]; a >= 0)  // it will wait for that op's end
             if (const auto& before = order_[static_cast<size_t>(resource_[at(a)])]; !before.empty())
@@ -517,7 +534,12 @@ class ListScheduler {
   std::vector<std::vector<NodeId>> order_;                   // per resource, as scheduled
   std::vector<NodeId> anchor_, recomputed_;                  // a gather's entry piece; a B's recomputed F
   std::vector<int32_t> window_task_, last_task_;             // per node its `||` task; per resource the last run
-  std::vector<NodeId> norms_;                                // the global norm's all-reduces, one per class
+  // One collective's nodes on different rank classes: the global norm's (one per class), a tie's
+  // sum at each pipeline coordinate that holds it, a `mirror` stage's sum at each of its two copies.
+  // A member starts no earlier than the last one's inputs are final: a collective completes only
+  // once every member calls it (the two copies of a DualPipe stage finish their backwards apart).
+  std::vector<std::vector<NodeId>> rendezvous_sets_;
+  std::vector<int32_t> rendezvous_;  // per node: its set, or -1
   std::vector<ReadyQueue> ready_;                            // per resource
   std::unordered_map<NodeId, std::vector<NodeId>> parked_;   // anchor -> gathers parked on it
 };

@@ -143,6 +143,42 @@ TEST_CASE("DualPipe: bubble (PP/2-1)(F&B+B-3W), 2x parameters, (PP+1)/PP of 1F1B
   }
 }
 
+// A collective's members on different ranks start together, once the last one's inputs are
+// final: DualPipe's two copies of a stage end their backwards at different times, and their sum
+// (ALLREDUCE_C) cannot complete before both call it.
+TEST_CASE("DualPipe: the two copies' gradient sum starts on both ranks when the later copy is ready") {
+  Planner f("gpt32");
+  // The copies are symmetric under unit costs: the last backward of one copy of stage 0 measured
+  // slower makes its gradient final later than the other copy's.
+  sched::PlanOptions opt;
+  opt.cmd.sets = {"pp=4", "mb=8"};
+  opt.cost_spec = "F=1,B=2,W=1,comm=1";
+  opt.measured_ops = {{"0BW3", 10.0}};  // its last weight gradient: nothing else waits for it
+  auto planned = f.compile("use \"dualpipe.piper\";\n", opt);
+  REQUIRE_MESSAGE(planned.has_value(), f.errors());
+  const Plan& pl = *planned;
+  std::map<int32_t, std::vector<ir::NodeId>> sums;  // per stage
+  for (size_t v = 0; v < pl.dag.nodes.size(); ++v)
+    if (pl.dag.nodes[v].payload == ir::Payload::Copy) sums[pl.dag.nodes[v].stage].push_back(static_cast<ir::NodeId>(v));
+  REQUIRE(sums.size() == 4);
+  int apart = 0;  // stages whose copies' inputs are final at different times
+  for (const auto& [stage, nodes] : sums) {
+    CAPTURE(stage);
+    REQUIRE(nodes.size() == 2);
+    std::vector<double> inputs;
+    for (ir::NodeId v : nodes) {
+      double last = 0;
+      for (const ir::Edge& e : pl.dag.edges)
+        if (e.dst == v) last = std::max(last, pl.schedule.finish[static_cast<size_t>(e.src)]);
+      inputs.push_back(last);
+    }
+    apart += inputs[0] != inputs[1];
+    for (ir::NodeId v : nodes) CHECK(pl.schedule.start[static_cast<size_t>(v)] >= std::max(inputs[0], inputs[1]));
+    CHECK(pl.schedule.start[static_cast<size_t>(nodes[0])] == pl.schedule.start[static_cast<size_t>(nodes[1])]);
+  }
+  CHECK(apart > 0);  // the case the rendezvous is for
+}
+
 // ZBV's idle under unit costs (a chunk: F 1, input gradient 1, weight gradient 1, so T_F = T_B = T_W
 // per chunk) is the last rank's fill alone, (PP-1) F: no schedule starts that rank earlier, so the
 // published "zero bubble" is this bound. A chunk is half a stage, so it is half ZB1P's in stage time.

@@ -12,6 +12,7 @@ namespace piper::runtime {
 StreamThreads::StreamThreads(const ir::Graph& g, const sched::ClassProgram& program,
                              const std::vector<std::vector<ir::NodeId>>& preds, int rank, std::function<void(size_t)> thread_init)
     : g_(g), program_(program), preds_(preds), rank_(rank), thread_init_(std::move(thread_init)), done_(g.nodes.size(), 0),
+      claimed_(g.nodes.size(), 0),
       heads_(program.streams.size()) {
   succs_.resize(g.nodes.size());
   stream_of_.assign(g.nodes.size(), -1);
@@ -48,7 +49,8 @@ void StreamThreads::wake_successors(ir::NodeId v) {
   int32_t last = -1;  // successors on one stream are usually adjacent: notify it once
   for (ir::NodeId w : succs_[static_cast<size_t>(v)]) {
     const int32_t s = stream_of_[static_cast<size_t>(w)];
-    if (s >= 0 && s != last) wake_[static_cast<size_t>(s)]->notify_one();
+    // A stream whose head runs (its own thread's, or posted inline) is not waiting.
+    if (s >= 0 && s != last && !heads_[static_cast<size_t>(s)].running) wake_[static_cast<size_t>(s)]->notify_one();
     last = s;
   }
 }
@@ -56,6 +58,7 @@ void StreamThreads::wake_successors(ir::NodeId v) {
 std::string StreamThreads::run(int64_t step, const RunOp& op, const OnFailure& on_failure, std::vector<OpSpan>* spans) {
   std::unique_lock lk(mu_);
   std::fill(done_.begin(), done_.end(), 0);
+  std::fill(claimed_.begin(), claimed_.end(), 0);
   failure_.clear();
   finished_ = 0;
   step_ = step;
@@ -132,7 +135,7 @@ void StreamThreads::loop(size_t s) {
   set_memory_rank(rank_);
   if (thread_init_) thread_init_(s);
   const sched::StreamProgram& prog = program_.streams[s];
-  const std::string stream = g_.streams[prog.stream];
+  const size_t n = prog.ops.size();
   uint64_t seen = 0;
   for (;;) {
     {
@@ -144,67 +147,89 @@ void StreamThreads::loop(size_t s) {
     // Ops run in the program's order, except inside an overlap window (a `||` pair's pieces), where
     // the first ready op of those not run yet goes next: while one task waits for its all-to-all
     // or receive, the other computes.
-    std::vector<char> ran(prog.ops.size(), 0);
     size_t next = 0;  // the first op not run yet
-    while (next < prog.ops.size()) {
-      ir::NodeId v = prog.ops[next];
-      size_t at = next;
+    for (;;) {
+      ir::NodeId v = -1;
       {
         std::unique_lock lk(mu_);
-        heads_[s] = Head{v, false, std::chrono::steady_clock::now()};
+        while (next < n && done_[static_cast<size_t>(prog.ops[next])]) ++next;  // run here, or posted inline
+        if (next == n || !failure_.empty()) break;
+        if (!claimed_[static_cast<size_t>(prog.ops[next])]) heads_[s] = Head{prog.ops[next], false, std::chrono::steady_clock::now()};
         wake_[s]->wait(lk, [&] {
-          if (!failure_.empty()) return true;
+          if (!failure_.empty() || done_[static_cast<size_t>(prog.ops[next])]) return true;
           const int32_t w = prog.window.empty() || in_order_ ? -1 : prog.window[next];
-          for (size_t i = next; i < prog.ops.size() && (i == next || (w >= 0 && prog.window[i] == w)); ++i)
-            if (!ran[i] && ready(prog.ops[i])) {
-              at = i;
+          for (size_t i = next; i < n && (i == next || (w >= 0 && prog.window[i] == w)); ++i)
+            if (!claimed_[static_cast<size_t>(prog.ops[i])] && ready(prog.ops[i])) {
+              v = prog.ops[i];
               return true;
             }
           return false;
         });
         if (!failure_.empty()) break;
-        v = prog.ops[at];
+        if (v < 0) continue;  // another thread posted the head: move past it
+        claimed_[static_cast<size_t>(v)] = 1;
         heads_[s] = Head{v, true, std::chrono::steady_clock::now()};
       }
-      const auto a = std::chrono::steady_clock::now();
-      std::string error;
-      try {
-        (*op_)(v);
-      } catch (const std::exception& e) {
-        const std::string oom = take_out_of_memory();  // the clean message, whatever wrapped it
-        error = oom.empty() ? e.what() : oom;
-      }
-      const auto b = std::chrono::steady_clock::now();
-      if (!error.empty()) {
-        std::string msg;
-        {
-          std::lock_guard lk(mu_);
-          if (failure_.empty())
-            failure_ = msg = fmt::format("rank {}, step {}, op {} on stream {}: {}", rank_, step_, ir::token(g_.nodes[static_cast<size_t>(v)]),
-                                         stream, error);
-          wake_all();
-        }
-        if (!msg.empty()) try {
-            (*on_failure_)(msg);  // ends the job: no peer may wait for this rank
-          } catch (const std::exception&) {
-          }
-        break;
-      }
-      std::lock_guard lk(mu_);
-      if (spans_)
-        spans_->push_back(OpSpan{ir::token(g_.nodes[static_cast<size_t>(v)]), stream,
-                                 std::chrono::duration<double>(a - t0_).count(), std::chrono::duration<double>(b - t0_).count(),
-                                 memory_stats(rank_).live, ir::is_chunk(g_.nodes[static_cast<size_t>(v)].op)});
-      done_[static_cast<size_t>(v)] = 1;
-      ran[at] = 1;
-      while (next < prog.ops.size() && ran[next]) ++next;
-      wake_successors(v);
+      if (!execute(v, s, false)) break;
     }
     std::lock_guard lk(mu_);
     heads_[s].op = -1;
     ++finished_;
     all_done_.notify_all();
   }
+}
+
+bool StreamThreads::execute(ir::NodeId v, size_t s, bool posted_inline) {
+  const std::string& stream = g_.streams[program_.streams[s].stream];
+  const auto a = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    (*op_)(v);
+  } catch (const std::exception& e) {
+    const std::string oom = take_out_of_memory();  // the clean message, whatever wrapped it
+    error = oom.empty() ? e.what() : oom;
+  }
+  const auto b = std::chrono::steady_clock::now();
+  if (!error.empty()) {
+    std::string msg;
+    {
+      std::lock_guard lk(mu_);
+      if (failure_.empty())
+        failure_ = msg = fmt::format("rank {}, step {}, op {} on stream {}: {}", rank_, step_, ir::token(g_.nodes[static_cast<size_t>(v)]),
+                                     stream, error);
+      wake_all();
+    }
+    if (!msg.empty()) try {
+        (*on_failure_)(msg);  // ends the job: no peer may wait for this rank
+      } catch (const std::exception&) {
+      }
+    return false;
+  }
+  std::vector<std::pair<ir::NodeId, size_t>> posts;  // successors this thread posts next
+  {
+    std::lock_guard lk(mu_);
+    if (spans_)
+      spans_->push_back(OpSpan{ir::token(g_.nodes[static_cast<size_t>(v)]), stream,
+                               std::chrono::duration<double>(a - t0_).count(), std::chrono::duration<double>(b - t0_).count(),
+                               memory_stats(rank_).live, ir::is_chunk(g_.nodes[static_cast<size_t>(v)].op)});
+    done_[static_cast<size_t>(v)] = 1;
+    // Claimed before the successors' streams are woken, so that a stream whose head this thread
+    // posts is not woken to find it taken.
+    for (ir::NodeId w : succs_[static_cast<size_t>(v)]) {
+      const int32_t t = stream_of_[static_cast<size_t>(w)];
+      if (!post_inline_ || !failure_.empty() || t < 0 || static_cast<size_t>(t) == s) continue;  // s runs it next anyway
+      Head& h = heads_[static_cast<size_t>(t)];
+      if (h.op != w || h.running || claimed_[static_cast<size_t>(w)] || !ready(w) || !post_inline_(w)) continue;
+      claimed_[static_cast<size_t>(w)] = 1;
+      h = Head{w, true, std::chrono::steady_clock::now()};
+      posts.emplace_back(w, static_cast<size_t>(t));
+    }
+    wake_successors(v);
+    if (posted_inline) wake_[s]->notify_one();  // its stream's thread moves past it
+  }
+  for (const auto& [w, t] : posts)
+    if (!execute(w, t, true)) return false;
+  return true;
 }
 
 }  // namespace piper::runtime

@@ -52,6 +52,11 @@ class StreamThreads {
   // What the watchdog's report adds to a communication op's row: its peer or group and their hosts
   // (a stuck receive names whom it waits for).
   void set_describe(std::function<std::string(ir::NodeId)> describe) { describe_ = std::move(describe); }
+  // Ops that only post a nonblocking call (a started send): the thread that finishes an op runs
+  // such a successor itself, when it heads its stream and that stream's thread waits for it, so
+  // it is posted at once instead of when the scheduler next gives its stream's thread the core the
+  // compute holds. Its stream's order holds; its span is its stream's. Set before run().
+  void set_post_inline(std::function<bool(ir::NodeId)> post_inline) { post_inline_ = std::move(post_inline); }
   // When the last run() began: the origin of its spans' times.
   std::chrono::steady_clock::time_point began() const { return t0_; }
   // Where every stream is now, from any thread ("during step 12; its streams:" and a row each), or
@@ -60,6 +65,9 @@ class StreamThreads {
 
  private:
   void loop(size_t stream);
+  // Runs v of `stream` on this thread (claimed under mu_ already), then any successor it makes
+  // ready that may be posted inline. Returns false where v failed (the failure is recorded).
+  bool execute(ir::NodeId v, size_t stream, bool posted_inline);
   bool ready(ir::NodeId v) const;  // under mu_
   void wake_all();                  // under mu_: every stream and the caller (a step, a failure, stop)
   void wake_successors(ir::NodeId v);  // under mu_: the streams of v's local successors
@@ -83,6 +91,7 @@ class StreamThreads {
   std::vector<std::vector<ir::NodeId>> succs_;  // local successors of each node (preds_ inverted)
   std::vector<int32_t> stream_of_;              // each node's program stream (-1: none on this rank)
   std::vector<char> done_;
+  std::vector<char> claimed_;  // taken by a thread this step (running or done)
   uint64_t generation_ = 0;  // bumped per step; threads run one step per bump
   size_t finished_ = 0;      // threads done with this step
   bool stop_ = false;
@@ -95,6 +104,7 @@ class StreamThreads {
   double op_timeout_ = 0;
   bool in_order_ = false;
   std::function<std::string(ir::NodeId)> describe_;
+  std::function<bool(ir::NodeId)> post_inline_;
   // Per stream: the op at its head (-1: finished the step), whether it runs (else it waits for its
   // events), and since when.
   struct Head {

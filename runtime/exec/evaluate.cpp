@@ -37,6 +37,7 @@ void Executor::Impl::prepare_evaluation() {
   });
   eval_threads->set_op_timeout(opt.op_timeout);
   eval_threads->set_in_order(queues != nullptr || !tensor_groups.empty() || !context_groups.empty());  // as the step's (executor.cpp)
+  if (const auto inline_sends = post_inline_sends()) eval_threads->set_post_inline(inline_sends);
 }
 
 double Executor::Impl::evaluate(const TokenData& val, int64_t batches) {

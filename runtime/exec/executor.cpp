@@ -78,6 +78,7 @@ void Executor::Impl::setup() {
   if (queues) queues->synchronize_current();
   fault = parse_fault(std::getenv("PIPER_FAULT"));
   if (const char* b = std::getenv("PIPER_BLOCKING_SENDS")) blocking_sends = std::string(b) == "1";
+  if (const auto inline_sends = post_inline_sends()) threads->set_post_inline(inline_sends);
 }
 
 // The run's sequence length, data and batch against the model and the plan, before anything is built.

@@ -119,6 +119,10 @@ struct Executor::Impl {
   void all_to_all(ir::NodeId v);
   void send(ir::NodeId v);
   void reap_sends();
+  // Which ops the thread that makes them ready posts itself (StreamThreads::set_post_inline): a
+  // started send on the CPU; none with blocking sends or on a device, whose sends launch on their
+  // own stream's queue. A send a fault is injected into stays on its stream's thread.
+  std::function<bool(ir::NodeId)> post_inline_sends();
   void finish_sends();
   void recv(ir::NodeId v);
   void sum_tied(int32_t tie);

@@ -134,6 +134,12 @@ void Executor::Impl::send(NodeId v) {
   in_flight.push_back({std::move(started), std::move(t), v});
 }
 
+std::function<bool(NodeId)> Executor::Impl::post_inline_sends() {
+  if (queues || blocking_sends || std::getenv("PIPER_INLINE_SENDS") && std::string(std::getenv("PIPER_INLINE_SENDS")) == "0")
+    return nullptr;
+  return [this](NodeId v) { return node(v).op == Op::Send && !(fault && fault->hits(comm.rank(), cur_step, ir::token(node(v)))); };
+}
+
 // Lets go of the buffers of sends that are done. A failed one ends the op that noticed it, named.
 void Executor::Impl::reap_sends() {
   std::lock_guard lk(sends_mu);
