@@ -29,8 +29,10 @@ class ProgramWalk {
         for (NodeId v : p.ops) stream_of_[at(v)] = static_cast<int32_t>(streams_.size());
         streams_.push_back(Stream{static_cast<int32_t>(c), &p});
       }
-    for (size_t v = 0; v < n; ++v)
-      if (g.nodes[v].payload == ir::Payload::Norm) norms_.push_back(static_cast<NodeId>(v));
+    collective_.assign(n, -1);
+    collectives_ = cross_class_collectives(g);
+    for (size_t k = 0; k < collectives_.size(); ++k)
+      for (NodeId m : collectives_[k]) collective_[at(m)] = static_cast<int32_t>(k);
   }
 
   // Runs every stream's head while it is not blocked; true when every op ran.
@@ -94,7 +96,7 @@ class ProgramWalk {
   }
 
   // What a head op is blocked on: a predecessor not done yet, an op it is issued after, or its
-  // rendezvous partner (a send's receive; every other class's global norm) not posted.
+  // rendezvous partner (a send's receive; a collective's other classes' members) not posted.
   std::optional<NodeId> blocker(NodeId v) const {
     const Node& x = g_.nodes[at(v)];
     for (int32_t k = adj_.in_offsets[at(v)]; k < adj_.in_offsets[at(v) + 1]; ++k) {
@@ -109,8 +111,8 @@ class ProgramWalk {
       NodeId p = partner(v);
       if (p >= 0 && !done_[at(p)] && !at_head(p)) return p;
     }
-    if (x.payload == ir::Payload::Norm)  // the global norm spans every class: all must have reached it
-      for (NodeId p : norms_)
+    if (int32_t k = collective_[at(v)]; k >= 0)  // one collective over classes: all must have reached it
+      for (NodeId p : collectives_[static_cast<size_t>(k)])
         if (!done_[at(p)] && !at_head(p)) return p;
     return std::nullopt;
   }
@@ -149,7 +151,8 @@ class ProgramWalk {
   std::vector<Stream> streams_;
   std::vector<int32_t> stream_of_;
   std::vector<bool> done_;
-  std::vector<NodeId> norms_;  // the global norm's all-reduces, one per class
+  std::vector<std::vector<NodeId>> collectives_;  // cross_class_collectives
+  std::vector<int32_t> collective_;               // per node: its set there, or -1
 };
 }  // namespace
 

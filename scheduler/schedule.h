@@ -55,6 +55,12 @@ struct Schedule {
 // overlap, and returns nothing.
 std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, DiagnosticEngine& diags);
 
+// One collective's nodes on different rank classes, each set of two or more: the global norm's (one
+// per class), a tie's sum at each pipeline coordinate that holds it, a `mirror` stage's sum at each
+// of its two copies. Every member blocks until all have called it: the list scheduler starts them at
+// the last one's readiness, and the deadlock check waits for all to reach it.
+std::vector<std::vector<ir::NodeId>> cross_class_collectives(const ir::Graph& g);
+
 // Per node: the seconds a compute op loses to communication on a stream limited to N of the device's
 // `device_sms` multiprocessors (ir::PlanFacts::stream_sms) that ran beside it in `s`; empty when
 // there is none (nothing limited, or the machine does not state its multiprocessors).

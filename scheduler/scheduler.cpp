@@ -215,20 +215,10 @@ class ListScheduler {
   }
 
   void collect_rendezvous() {
-    std::map<std::pair<ir::Payload, int32_t>, std::vector<NodeId>> sets;
-    for (size_t v = 0; v < n_; ++v) {
-      const Node& x = g_.nodes[v];
-      if (x.op != Op::AllReduce) continue;
-      if (x.payload == ir::Payload::Norm) sets[{x.payload, 0}].push_back(static_cast<NodeId>(v));
-      if (x.payload == ir::Payload::Tied) sets[{x.payload, x.bucket}].push_back(static_cast<NodeId>(v));
-      if (x.payload == ir::Payload::Copy) sets[{x.payload, x.stage}].push_back(static_cast<NodeId>(v));
-    }
+    rendezvous_sets_ = cross_class_collectives(g_);
     rendezvous_.assign(n_, -1);
-    for (auto& [key, members] : sets) {
-      if (members.size() < 2) continue;
-      for (NodeId m : members) rendezvous_[at(m)] = static_cast<int32_t>(rendezvous_sets_.size());
-      rendezvous_sets_.push_back(std::move(members));
-    }
+    for (size_t k = 0; k < rendezvous_sets_.size(); ++k)
+      for (NodeId m : rendezvous_sets_[k]) rendezvous_[at(m)] = static_cast<int32_t>(k);
   }
 
   // Overlap groups must share a resource: co-scheduled work runs on one device, one stream.
@@ -534,10 +524,8 @@ class ListScheduler {
   std::vector<std::vector<NodeId>> order_;                   // per resource, as scheduled
   std::vector<NodeId> anchor_, recomputed_;                  // a gather's entry piece; a B's recomputed F
   std::vector<int32_t> window_task_, last_task_;             // per node its `||` task; per resource the last run
-  // One collective's nodes on different rank classes: the global norm's (one per class), a tie's
-  // sum at each pipeline coordinate that holds it, a `mirror` stage's sum at each of its two copies.
-  // A member starts no earlier than the last one's inputs are final: a collective completes only
-  // once every member calls it (the two copies of a DualPipe stage finish their backwards apart).
+  // cross_class_collectives: a member starts no earlier than the last one's inputs are final (the
+  // two copies of a DualPipe stage finish their backwards apart).
   std::vector<std::vector<NodeId>> rendezvous_sets_;
   std::vector<int32_t> rendezvous_;  // per node: its set, or -1
   std::vector<ReadyQueue> ready_;                            // per resource
@@ -545,6 +533,21 @@ class ListScheduler {
 };
 
 }  // namespace
+
+std::vector<std::vector<NodeId>> cross_class_collectives(const ir::Graph& g) {
+  std::map<std::pair<ir::Payload, int32_t>, std::vector<NodeId>> sets;
+  for (size_t v = 0; v < g.nodes.size(); ++v) {
+    const Node& x = g.nodes[v];
+    if (x.op != Op::AllReduce) continue;
+    if (x.payload == ir::Payload::Norm) sets[{x.payload, 0}].push_back(static_cast<NodeId>(v));
+    if (x.payload == ir::Payload::Tied) sets[{x.payload, x.bucket}].push_back(static_cast<NodeId>(v));
+    if (x.payload == ir::Payload::Copy) sets[{x.payload, x.stage}].push_back(static_cast<NodeId>(v));
+  }
+  std::vector<std::vector<NodeId>> out;
+  for (auto& [key, members] : sets)
+    if (members.size() > 1) out.push_back(std::move(members));
+  return out;
+}
 
 std::optional<Schedule> schedule(const ir::Graph& g, const CostModel& costs, DiagnosticEngine& diags) {
   auto s = ListScheduler(g, costs, diags).run();
